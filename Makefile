@@ -1,0 +1,33 @@
+# Quick start: `make run` (a short 2-rank job) and `make test` (the whole suite).
+# Both create .venv/ when it is missing and reuse it otherwise.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+export WANDB_MODE ?= offline
+
+.PHONY: setup run test bench clean
+
+$(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
+	# torchrec's declared dependency pulls the GPU fbgemm-gpu, which breaks the CPU import
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(PY) -m launch.local -n 2 -m mcr.bench --ops all_reduce,all_to_all --max-bytes 4M
+
+test: setup
+	$(PY) -m pytest -q tests
+
+bench: setup
+	$(PY) -m launch.local -n 2 -m mcr.bench
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

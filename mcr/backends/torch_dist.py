@@ -1,0 +1,149 @@
+"""gloo and nccl through torch.distributed's C++ process groups.
+
+We construct `ProcessGroupGloo`/`ProcessGroupNCCL` directly on our own store instead of going
+through `init_process_group`, so the runtime never touches torch's default group: users can
+still call `dist.init_process_group(backend="mcr")` (or any other backend) beside it.
+"""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from ..handle import from_torch_work
+from .base import Backend, BackendUnavailable
+
+
+class TorchDistBackend(Backend):
+    def __init__(self, store, rank: int, world_size: int, timeout_s: float):
+        self._store = store
+        self._rank = rank
+        self._timeout = timedelta(seconds=timeout_s)
+        # Options objects are built once: allocating them per call costs microseconds.
+        self._allreduce_opts = {}
+        self._reduce_scatter_opts = {}
+        self._barrier_opts = dist.BarrierOptions()
+        self._all_to_all_opts = dist.AllToAllOptions()
+
+    def version(self) -> str:
+        return f"torch {torch.__version__}"
+
+    def _make_pg(self, store, group_rank, group_size):
+        raise NotImplementedError
+
+    def new_group(self, gid, ranks, group_rank):
+        if group_rank < 0:
+            return None
+        store = dist.PrefixStore(f"{self.name}/{gid}/", self._store)
+        return self._make_pg(store, group_rank, len(ranks))
+
+    @staticmethod
+    def _finish(work, async_op, keep=None):
+        if async_op:
+            return from_torch_work(work, keep)
+        work.wait()
+        return None
+
+    def _ar_opts(self, op):
+        opts = self._allreduce_opts.get(op)
+        if opts is None:
+            opts = self._allreduce_opts[op] = dist.AllreduceOptions()
+            opts.reduceOp = op
+        return opts
+
+    def all_reduce(self, g, tensor, op, async_op):
+        return self._finish(g.allreduce([tensor], self._ar_opts(op)), async_op)
+
+    def reduce(self, g, tensor, dst, op, async_op):
+        opts = dist.ReduceOptions()
+        opts.reduceOp, opts.rootRank, opts.rootTensor = op, dst, 0
+        return self._finish(g.reduce([tensor], opts), async_op)
+
+    def broadcast(self, g, tensor, src, async_op):
+        opts = dist.BroadcastOptions()
+        opts.rootRank, opts.rootTensor = src, 0
+        return self._finish(g.broadcast([tensor], opts), async_op)
+
+    def all_gather(self, g, output_list, tensor, async_op):
+        return self._finish(g.allgather([output_list], [tensor]), async_op)
+
+    def all_gather_into_tensor(self, g, output, tensor, async_op):
+        return self._finish(g._allgather_base(output, tensor), async_op)
+
+    def gather(self, g, tensor, gather_list, dst, async_op):
+        opts = dist.GatherOptions()
+        opts.rootRank = dst
+        outputs = [gather_list] if gather_list is not None else []
+        return self._finish(g.gather(outputs, [tensor], opts), async_op)
+
+    def scatter(self, g, tensor, scatter_list, src, async_op):
+        opts = dist.ScatterOptions()
+        opts.rootRank = src
+        inputs = [scatter_list] if scatter_list is not None else []
+        return self._finish(g.scatter([tensor], inputs, opts), async_op)
+
+    def _rs_opts(self, op):
+        opts = self._reduce_scatter_opts.get(op)
+        if opts is None:
+            opts = self._reduce_scatter_opts[op] = dist.ReduceScatterOptions()
+            opts.reduceOp = op
+        return opts
+
+    def reduce_scatter(self, g, output, input_list, op, async_op):
+        return self._finish(g.reduce_scatter([output], [input_list], self._rs_opts(op)), async_op)
+
+    def reduce_scatter_tensor(self, g, output, input, op, async_op):
+        return self._finish(g._reduce_scatter_base(output, input, self._rs_opts(op)), async_op)
+
+    def all_to_all(self, g, output_list, input_list, async_op):
+        return self._finish(g.alltoall(output_list, input_list, self._all_to_all_opts), async_op)
+
+    def all_to_all_single(self, g, output, input, output_splits, input_splits, async_op):
+        work = g.alltoall_base(output, input, output_splits or [], input_splits or [], self._all_to_all_opts)
+        return self._finish(work, async_op)
+
+    def send(self, g, tensor, dst, tag, async_op):
+        return self._finish(g.send([tensor], dst, tag), async_op)
+
+    def recv(self, g, tensor, src, tag, async_op):
+        return self._finish(g.recv([tensor], src, tag), async_op)
+
+    def barrier(self, g, async_op):
+        return self._finish(g.barrier(self._barrier_opts), async_op)
+
+
+class GlooBackend(TorchDistBackend):
+    name = "gloo"
+    devices = frozenset({"cpu"})
+
+    def __init__(self, store, rank, world_size, timeout_s):
+        if not dist.is_gloo_available():
+            raise BackendUnavailable("this torch build has no gloo")
+        super().__init__(store, rank, world_size, timeout_s)
+
+    def _make_pg(self, store, group_rank, group_size):
+        return dist.ProcessGroupGloo(store, group_rank, group_size, self._timeout)
+
+
+class NcclBackend(TorchDistBackend):
+    name = "nccl"
+    devices = frozenset({"cuda"})
+
+    def __init__(self, store, rank, world_size, timeout_s):
+        if not torch.cuda.is_available():
+            raise BackendUnavailable("no GPU (torch.cuda.is_available() is False)")
+        if not dist.is_nccl_available():
+            raise BackendUnavailable("this torch build has no NCCL")
+        super().__init__(store, rank, world_size, timeout_s)
+
+    def version(self) -> str:
+        return "nccl " + ".".join(map(str, torch.cuda.nccl.version()))
+
+    def _make_pg(self, store, group_rank, group_size):
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = self._timeout
+        return dist.ProcessGroupNCCL(store, group_rank, group_size, opts)
+
+    def supports(self, family, dtype, reduce_op, device_type):
+        return device_type == "cuda"

@@ -1,0 +1,155 @@
+"""Micro-benchmarks in the style of OSU and nccl-tests.
+
+    python -m launch.local -n 2 -m mcr.bench [--ops all_reduce,all_to_all] [--max-bytes 64M]
+
+For each op and message size: latency (µs) and bus bandwidth (GB/s) on every available
+backend and on the runtime's own choice ("auto", with the backend it picked and its distance
+from the best single backend), then the runtime's per-call overhead against calling each
+backend library directly on a 4-byte all-reduce.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+
+from . import api
+from .commlog import human_bytes
+from .measure import MEASURABLE_OPS, iterations_for, slowest, time_call, time_op
+from .ops import bus_factor
+
+DEFAULT_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
+
+
+def parse_bytes(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().rstrip("B").rstrip("I")
+    if text and text[-1] in units:
+        return int(float(text[:-1]) * units[text[-1]])
+    return int(text)
+
+
+def sizes_between(low: int, high: int) -> list:
+    sizes, size = [], max(1, low)
+    while size <= high:
+        sizes.append(size)
+        size *= 2
+    return sizes
+
+
+def sweep(ops, backends, sizes, dtype, iters=None):
+    """Rows of {op, bytes, <backend>: seconds, auto, auto_backend}; identical on every rank."""
+    rt = api.runtime()
+    n = rt.world_size
+    rows = []
+    for op in ops:
+        for size in sizes:
+            row = {"op": op}
+            for name in backends:
+                seconds, actual = time_op(op, size, None if name == "auto" else name, dtype, iters=iters)
+                row[name] = seconds
+            row["bytes"] = actual
+            if "auto" in backends:
+                family_bytes = actual if op != "send_recv" else actual
+                chosen, _ = rt.choose(op, family_bytes, rt.world, dtype, "cpu")
+                row["auto_backend"] = chosen.name
+            row["busbw_factor"] = bus_factor(op, n)
+            rows.append(row)
+    return rows
+
+
+def format_table(rows, backends) -> str:
+    singles = [b for b in backends if b != "auto"]
+    out = []
+    for op in dict.fromkeys(r["op"] for r in rows):
+        header = f"{'size':>9}" + "".join(f"{b + ' us':>12}{b + ' busbw':>12}" for b in singles)
+        if "auto" in backends:
+            header += f"{'auto':>8}{'auto us':>11}{'vs best':>9}"
+        out += [f"\n# {op} ({api.get_world_size()} ranks; busbw in GB/s, nccl-tests factor)", header, "-" * len(header)]
+        for r in (r for r in rows if r["op"] == op):
+            line = f"{human_bytes(r['bytes']):>9}"
+            for b in singles:
+                bw = r["bytes"] / r[b] / 1e9 * r["busbw_factor"] if r[b] > 0 else 0.0
+                line += f"{r[b] * 1e6:>12.1f}{bw:>12.3f}"
+            if "auto" in backends:
+                best = min(r[b] for b in singles) if singles else r["auto"]
+                line += f"{r['auto_backend']:>8}{r['auto'] * 1e6:>11.1f}{(r['auto'] / best - 1) * 100:>+8.1f}%"
+            out.append(line)
+    return "\n".join(out)
+
+
+def overhead(iters=20000):
+    """Per-call cost of the runtime on a 4-byte all-reduce: mcr.all_reduce minus the library call."""
+    rt = api.runtime()
+    x = torch.ones(1)
+    rows = {}
+    direct = {}
+    if "mpi" in rt.backends:
+        MPI = rt.backends["mpi"].MPI
+        comm, arr = rt.world.comms["mpi"], x.numpy()
+        direct["mpi"] = lambda: comm.Allreduce(MPI.IN_PLACE, arr, MPI.SUM)
+    if "gloo" in rt.backends:
+        import torch.distributed as dist
+
+        pg, opts = rt.world.comms["gloo"], dist.AllreduceOptions()
+        direct["gloo"] = lambda: pg.allreduce([x], opts).wait()
+    for name, call in direct.items():
+        n_iters = iters if name == "mpi" else iters // 20
+        lib = time_call(call, n_iters)
+        via = time_call(lambda: api.all_reduce(x, backend=name), n_iters)
+        rows[name] = (lib, via)
+    chosen, _ = rt.choose("all_reduce", 4, rt.world, torch.float32, "cpu")
+    auto = time_call(lambda: api.all_reduce(x), iters if chosen.name == "mpi" else iters // 20)
+    lines = ["\n# runtime overhead, 4-byte all_reduce (median per call, slowest rank)",
+             f"{'backend':<10}{'library us':>12}{'mcr us':>10}{'overhead us':>13}", "-" * 45]
+    for name, (lib, via) in rows.items():
+        lines.append(f"{name:<10}{lib * 1e6:>12.2f}{via * 1e6:>10.2f}{(via - lib) * 1e6:>13.2f}")
+    if chosen.name in rows:
+        lib = rows[chosen.name][0]
+        lines.append(f"{'auto>' + chosen.name:<10}{lib * 1e6:>12.2f}{auto * 1e6:>10.2f}{(auto - lib) * 1e6:>13.2f}")
+    return "\n".join(lines), {k: {"library_s": v[0], "mcr_s": v[1]} for k, v in rows.items()}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--ops", default=",".join(DEFAULT_OPS), help=f"comma list from {', '.join(MEASURABLE_OPS)}")
+    parser.add_argument("--backends", default=None, help="comma list (default: every available backend, and auto)")
+    parser.add_argument("--min-bytes", default="4")
+    parser.add_argument("--max-bytes", default="64M")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--iters", type=int, default=None, help="iterations per point (default: scaled by size)")
+    parser.add_argument("--tuning", default=None, help="tuning table for the auto choice (else MCR_TUNING_FILE)")
+    parser.add_argument("--no-overhead", action="store_true", help="skip the overhead measurement")
+    parser.add_argument("--json", default=None, help="also write the rows here (rank 0)")
+    args = parser.parse_args(argv)
+
+    kwargs = {"tuning": args.tuning} if args.tuning else {}
+    rt = api.init(**kwargs)
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    for op in ops:
+        if op not in MEASURABLE_OPS:
+            parser.error(f"unknown op {op!r}; choose from {', '.join(MEASURABLE_OPS)}")
+    if "send_recv" in ops and rt.world_size < 2:
+        ops.remove("send_recv")
+    backends = args.backends.split(",") if args.backends else list(rt.backends) + ["auto"]
+    for name in backends:
+        if name != "auto" and name not in rt.backends:
+            parser.error(f"backend {name!r} is unavailable here: {rt.unavailable.get(name, 'unknown backend')}")
+    dtype = getattr(torch, args.dtype)
+    sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes))
+    rows = sweep(ops, backends, sizes, dtype, args.iters)
+    text = format_table(rows, backends)
+    over_text, over = ("", {}) if args.no_overhead else overhead()
+    if rt.rank == 0:
+        print(text + "\n" + over_text, flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"world_size": rt.world_size, "rows": rows, "overhead": over}, f, indent=1)
+    api.finalize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""The runtime's settings: a typed schema (typos are errors), filled from config and environment.
+
+Precedence for each field: keyword arguments to `mcr.init()` > environment (`MCR_*`) > config
+object > defaults. Per-op overrides come from `overrides` or `MCR_BACKEND_<OP>` variables.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+from omegaconf import OmegaConf
+
+from .ops import OP_FAMILIES
+
+KNOWN_BACKENDS = ("mpi", "gloo", "nccl")
+
+
+@dataclass
+class RuntimeConfig:
+    backend: str = "auto"  # default for every op: auto (tuning table, then built-in order) or a backend name
+    overrides: Dict[str, str] = field(default_factory=dict)  # op family -> backend
+    tuning: Optional[str] = None  # path of a tuning table written by `python -m mcr.tune`, or "auto"
+    tuning_predict: bool = False  # accept a table from another world size through its performance model
+    comm_log: bool = False  # keep per-(op, backend, size) timings; table printed at finalize()
+    comm_log_json: Optional[str] = None  # where finalize() writes the log as JSON
+    watchdog_timeout_s: float = 600.0  # a rank stuck this long in one op aborts the job
+    backends: str = "mpi,gloo,nccl"  # which backends to start, where available
+
+
+class ConfigError(ValueError):
+    pass
+
+
+def _check_backend(name: str, where: str) -> str:
+    if name not in KNOWN_BACKENDS:
+        raise ConfigError(f"unknown backend {name!r} in {where}; choose one of {', '.join(KNOWN_BACKENDS)}")
+    return name
+
+
+def load(config=None, env=None, **kwargs) -> RuntimeConfig:
+    """Build the runtime config. `config` may be a RuntimeConfig, a dict or an omegaconf node."""
+    env = os.environ if env is None else env
+    schema = OmegaConf.structured(RuntimeConfig)
+    layers = [schema]
+    if config is not None:
+        layers.append(OmegaConf.create(config) if isinstance(config, dict) else OmegaConf.structured(config))
+    from_env = {}
+    if env.get("MCR_BACKEND"):
+        from_env["backend"] = env["MCR_BACKEND"]
+    if env.get("MCR_TUNING_FILE"):
+        from_env["tuning"] = env["MCR_TUNING_FILE"]
+    if env.get("MCR_COMM_LOG"):
+        from_env["comm_log"] = env["MCR_COMM_LOG"] not in ("0", "false", "False", "")
+    if env.get("MCR_COMM_LOG_JSON"):
+        from_env["comm_log_json"] = env["MCR_COMM_LOG_JSON"]
+    if env.get("MCR_WATCHDOG_TIMEOUT"):
+        from_env["watchdog_timeout_s"] = float(env["MCR_WATCHDOG_TIMEOUT"])
+    env_overrides = {
+        key[len("MCR_BACKEND_"):].lower(): value for key, value in env.items() if key.startswith("MCR_BACKEND_")
+    }
+    if env_overrides:
+        from_env["overrides"] = env_overrides
+    layers += [OmegaConf.create(from_env), OmegaConf.create(kwargs)]
+    try:
+        merged = OmegaConf.merge(*layers)
+    except Exception as exc:  # omegaconf names the bad key and the schema
+        raise ConfigError(f"bad mcr runtime config: {exc}") from exc
+    cfg: RuntimeConfig = OmegaConf.to_object(merged)
+    if cfg.backend != "auto":
+        _check_backend(cfg.backend, "backend (MCR_BACKEND)")
+    for op, name in cfg.overrides.items():
+        if op not in OP_FAMILIES:
+            raise ConfigError(
+                f"unknown op {op!r} in backend overrides (MCR_BACKEND_{op.upper()}); "
+                f"choose one of {', '.join(OP_FAMILIES)}"
+            )
+        if name != "auto":
+            _check_backend(name, f"the override for {op}")
+    for name in cfg.backends.split(","):
+        _check_backend(name.strip(), "backends")
+    return cfg

@@ -1,0 +1,27 @@
+"""A group of ranks and each backend's communicator for it."""
+from __future__ import annotations
+
+
+class Group:
+    __slots__ = ("gid", "ranks", "rank", "size", "comms", "_to_group_rank")
+
+    def __init__(self, gid: int, ranks, my_global_rank: int):
+        self.gid = gid
+        self.ranks = tuple(ranks)
+        self.size = len(self.ranks)
+        self._to_group_rank = {r: i for i, r in enumerate(self.ranks)}
+        self.rank = self._to_group_rank.get(my_global_rank, -1)  # -1: this rank is not a member
+        self.comms = {}  # backend name -> that backend's group object
+
+    @property
+    def is_member(self) -> bool:
+        return self.rank >= 0
+
+    def group_rank(self, global_rank: int) -> int:
+        try:
+            return self._to_group_rank[global_rank]
+        except KeyError:
+            raise ValueError(f"rank {global_rank} is not in this group (ranks {list(self.ranks)})") from None
+
+    def __repr__(self):
+        return f"mcr.Group(id={self.gid}, ranks={list(self.ranks)})"

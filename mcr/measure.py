@@ -1,0 +1,93 @@
+"""Timing one op on one backend at one size, agreed across ranks (the slowest rank counts).
+
+Shared by `mcr.bench` (report) and `mcr.tune` (decide), so both measure the same thing.
+Message sizes follow nccl-tests: all-gather counts the gathered output, reduce-scatter and
+all-to-all the input, send/recv the message (latency is half a ping-pong, as OSU reports).
+"""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from . import api
+
+MEASURABLE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send_recv")
+
+
+def iterations_for(nbytes: int, max_iters: int = 1000, min_iters: int = 5) -> int:
+    """Small messages repeat often for a stable median; large ones are slow enough already."""
+    return max(min_iters, min(max_iters, int(64e6 / max(nbytes, 64e3))))
+
+
+def _elements(op, nbytes, element_size, n):
+    count = max(1, nbytes // element_size)
+    if op in ("all_gather", "reduce_scatter", "all_to_all"):
+        count = max(n, count - count % n)  # divisible by the group size
+    return count
+
+
+def make_call(op, nbytes, backend=None, dtype=torch.float32, group=None):
+    """Returns (call, actual_nbytes). `call()` runs the op once, blocking, on this rank."""
+    n = api.get_world_size(group)
+    rank = api.get_rank(group)
+    count = _elements(op, nbytes, torch.tensor([], dtype=dtype).element_size(), n)
+    x = torch.ones(count, dtype=dtype)
+    if op == "all_reduce":
+        return (lambda: api.all_reduce(x, group=group, backend=backend)), x.nbytes
+    if op == "reduce":
+        return (lambda: api.reduce(x, 0, group=group, backend=backend)), x.nbytes
+    if op == "broadcast":
+        return (lambda: api.broadcast(x, 0, group=group, backend=backend)), x.nbytes
+    if op == "all_gather":
+        part = torch.ones(count // n, dtype=dtype)
+        return (lambda: api.all_gather_into_tensor(x, part, group=group, backend=backend)), x.nbytes
+    if op == "reduce_scatter":
+        part = torch.empty(count // n, dtype=dtype)
+        return (lambda: api.reduce_scatter_tensor(part, x, group=group, backend=backend)), x.nbytes
+    if op == "all_to_all":
+        out = torch.empty_like(x)
+        return (lambda: api.all_to_all_single(out, x, group=group, backend=backend)), x.nbytes
+    if op == "send_recv":
+        ranks = api.runtime().world.ranks if group is None else group.ranks
+        first, second = ranks[0], ranks[1]
+
+        def ping_pong():  # ranks beyond the first two idle; timed as one round trip
+            if rank == 0:
+                api.send(x, second, group=group, backend=backend)
+                api.recv(x, second, group=group, backend=backend)
+            elif rank == 1:
+                api.recv(x, first, group=group, backend=backend)
+                api.send(x, first, group=group, backend=backend)
+
+        return ping_pong, x.nbytes
+    raise ValueError(f"cannot measure op {op!r}; choose one of {', '.join(MEASURABLE_OPS)}")
+
+
+def slowest(value: float, group=None) -> float:
+    """The largest value over the group's ranks, so every rank reports and decides the same."""
+    t = torch.tensor([value], dtype=torch.float64)
+    api.all_reduce(t, op=api.ReduceOp.MAX, group=group)
+    return float(t.item())
+
+
+def time_call(call, iters: int, warmup: int = 5, group=None) -> float:
+    """Median seconds per call on this rank, then the slowest rank's median."""
+    for _ in range(warmup):
+        call()
+    api.barrier(group=group)
+    samples = []
+    clock = time.perf_counter
+    for _ in range(iters):
+        start = clock()
+        call()
+        samples.append(clock() - start)
+    return slowest(statistics.median(samples), group)
+
+
+def time_op(op, nbytes, backend=None, dtype=torch.float32, group=None, iters=None, warmup=5):
+    """(seconds per op, actual bytes). send_recv reports half the round trip."""
+    call, actual = make_call(op, nbytes, backend, dtype, group)
+    seconds = time_call(call, iters or iterations_for(actual), warmup, group)
+    return (seconds / 2 if op == "send_recv" else seconds), actual

@@ -1,0 +1,264 @@
+"""The runtime's state and its two central steps: choosing a backend and running the op.
+
+Every public op in `mcr.api` describes its call (op family, message bytes, dtype, group) and
+hands it here, so backend choice, the watchdog and the communication log live in one place.
+
+Why mixing backends cannot deadlock (the rule the code keeps):
+  1. The choice depends only on values equal on every rank of the group: the op family, the
+     message size (agreed by an all-reduce MAX where sizes may legitimately differ), the group
+     size, dtype and device, and the configuration. So all ranks put op k on the same backend.
+  2. Each backend runs its own ops in issue order: gloo/nccl queue them per process group;
+     MPI matches collectives per communicator in call order and its blocking calls progress
+     every pending request of that library.
+  3. No backend's progress depends on another backend: gloo runs on its own threads, MPI is
+     progressed inside the MPI calls of the issuing thread, and a blocking call only waits for
+     peers on its own backend.
+  Hence if every rank issues the same sequence, by induction the first incomplete op has been
+  reached by every rank on the same backend, with all earlier ops on that backend posted
+  before it, and completes. tests/mcr/test_stress.py checks this with random interleavings.
+"""
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from . import env as launch_env
+from .backends.base import BackendUnavailable
+from .backends.mpi import MPIBackend
+from .backends.torch_dist import GlooBackend, NcclBackend
+from .commlog import CommLog
+from .config import RuntimeConfig
+from .group import Group
+from .ops import REDUCE_OPS, dtype_name
+from .tuning.table import Choice, TuningTable
+from .watchdog import Watchdog
+
+log = logging.getLogger("mcr")
+
+# Built-in preference when neither an override, a table nor a default backend decides:
+# measured on CPU, MPI beats gloo at every size; on GPU nccl is the reference.
+BUILTIN_ORDER = {"cpu": ("mpi", "gloo"), "cuda": ("nccl", "mpi", "gloo")}
+_REDUCE_OP_NAMES = {v: k for k, v in REDUCE_OPS.items()}
+
+
+class CommError(RuntimeError):
+    pass
+
+
+class Runtime:
+    def __init__(self, cfg: RuntimeConfig, info: launch_env.LaunchInfo, store=None):
+        self.cfg = cfg
+        self.info = info
+        self.rank = info.rank
+        self.world_size = info.world_size
+        self.backends = {}
+        self.unavailable = {}  # backend name -> why it cannot run here
+        wanted = [b.strip() for b in cfg.backends.split(",")]
+
+        mpi = self._try("mpi", wanted, lambda: MPIBackend(info))
+        self.store = store if store is not None else self._make_store(info, mpi)
+        self._try("gloo", wanted, lambda: GlooBackend(self.store, info.rank, info.world_size, cfg.watchdog_timeout_s))
+        self._try("nccl", wanted, lambda: NcclBackend(self.store, info.rank, info.world_size, cfg.watchdog_timeout_s))
+
+        self._next_gid = 0
+        self.world = self.new_group(range(info.world_size))
+        self.table = self._load_table(cfg)
+        self.comm_log = CommLog() if cfg.comm_log else None
+        self.watchdog = Watchdog(info.rank, cfg.watchdog_timeout_s) if cfg.watchdog_timeout_s > 0 else None
+        self._choices = {}
+        self._warned = set()
+        if self.rank == 0:
+            have = ", ".join(f"{n} ({b.version()})" for n, b in self.backends.items())
+            missing = "; ".join(f"{n}: {why}" for n, why in self.unavailable.items())
+            log.info("mcr: %d ranks via %s; backends %s%s", info.world_size, info.launcher, have,
+                     f"; unavailable: {missing}" if missing else "")
+
+    # --- start-up ------------------------------------------------------------------------------
+    def _try(self, name, wanted, make):
+        if name not in wanted:
+            self.unavailable[name] = "not in the configured backends list"
+            return None
+        try:
+            backend = make()
+        except BackendUnavailable as exc:
+            self.unavailable[name] = str(exc)
+            return None
+        self.backends[name] = backend
+        return backend
+
+    @staticmethod
+    def _make_store(info, mpi):
+        """One TCP store for all torch backends' rendezvous."""
+        addr, port = info.master_addr, info.master_port
+        is_server = info.rank == 0
+        if mpi is not None and (addr is None or port is None):
+            # MPI gives us a channel: rank 0 publishes its host and a free port.
+            addr, port = mpi.world.bcast((addr or socket.gethostname(), port or launch_env.free_port()), root=0)
+        elif launch_env.os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+            is_server = False  # torchrun's agent already serves a store on MASTER_PORT
+        elif port is not None and info.world_size > 1:
+            port += 1  # leave MASTER_PORT free for torch.distributed's own store
+        if addr is None or port is None:
+            if info.world_size == 1:
+                addr, port = "127.0.0.1", launch_env.free_port()
+            else:
+                raise RuntimeError(
+                    f"mcr.init: rank {info.rank} of {info.world_size} (launcher {info.launcher}) has no rendezvous "
+                    "address; set MASTER_ADDR and MASTER_PORT, or launch with mpiexec"
+                )
+        store = dist.TCPStore(addr, port, info.world_size, is_server, timedelta(seconds=300), wait_for_workers=False)
+        return dist.PrefixStore("mcr/", store)
+
+    def _load_table(self, cfg):
+        if cfg.tuning is None or cfg.tuning == "auto":
+            return None
+        table = TuningTable.load(cfg.tuning)
+        if not cfg.tuning_predict:
+            table.check_fits(self.world_size)
+        return table
+
+    def new_group(self, ranks) -> Group:
+        ranks = sorted(set(int(r) for r in ranks))
+        bad = [r for r in ranks if not 0 <= r < self.world_size]
+        if bad or not ranks:
+            raise ValueError(f"new_group: ranks {bad or ranks} are not in the world of {self.world_size} ranks")
+        group = Group(self._next_gid, ranks, self.rank)
+        self._next_gid += 1
+        for name, backend in self.backends.items():
+            comm = backend.new_group(group.gid, ranks, group.rank)
+            if comm is not None:
+                group.comms[name] = comm
+        return group
+
+    # --- step 2: choose ------------------------------------------------------------------------
+    def choose(self, family, nbytes, group, dtype, device_type, explicit=None, reduce_op=None):
+        key = (family, nbytes, group.gid, dtype, device_type, explicit, reduce_op)
+        found = self._choices.get(key)
+        if found is not None:
+            return found
+        if not group.is_member:
+            raise ValueError(f"mcr.{family}: rank {self.rank} is not a member of {group}")
+        choice = self._decide(family, nbytes, group, dtype, device_type, explicit, reduce_op)
+        if len(self._choices) > 65536:
+            self._choices.clear()  # bounded: uneven all-to-all sizes are many
+        self._choices[key] = choice
+        return choice
+
+    def _decide(self, family, nbytes, group, dtype, device_type, explicit, reduce_op):
+        chunk = 0
+        if explicit is not None:
+            name, why = explicit, "asked for by backend="
+            self._require(name, family, why)
+        elif self.cfg.overrides.get(family, "auto") != "auto":
+            name, why = self.cfg.overrides[family], f"the override for {family}"
+            self._require(name, family, why)
+        else:
+            entry = self.table.lookup(family, nbytes, group.size, dtype_name(dtype)) if self.table else None
+            if entry is not None:
+                name, chunk, why = entry.backend, entry.chunk_bytes, f"the tuning table {self.table.path}"
+            elif self.cfg.backend != "auto":
+                name, why = self.cfg.backend, "the default backend"
+                self._require(name, family, why)
+            else:
+                order = BUILTIN_ORDER[device_type]
+                name = next((n for n in order if n in self.backends), order[-1])
+                why = "the built-in order"
+        backend = self.backends.get(name)
+        if backend is None or not backend.supports(family, dtype, reduce_op, device_type):
+            backend = self._fallback(name, family, dtype, device_type, reduce_op, why)
+            chunk = 0
+        return backend, chunk
+
+    def _require(self, name, family, why):
+        if name not in self.backends:
+            reason = self.unavailable.get(name, "unknown backend; choose one of mpi, gloo, nccl")
+            raise ValueError(f"mcr.{family}: backend {name!r} ({why}) is unavailable: {reason}")
+
+    def _fallback(self, name, family, dtype, device_type, reduce_op, why):
+        for candidate in BUILTIN_ORDER[device_type]:
+            backend = self.backends.get(candidate)
+            if backend is not None and backend.supports(family, dtype, reduce_op, device_type):
+                key = (name, family, dtype, reduce_op, device_type)
+                if key not in self._warned and self.rank == 0:
+                    op_name = f" {_REDUCE_OP_NAMES.get(reduce_op, reduce_op)}" if reduce_op is not None else ""
+                    log.warning("mcr: %s (%s) cannot run %s%s on %s %s tensors; using %s",
+                                name, why, family, op_name, device_type, dtype_name(dtype), candidate)
+                self._warned.add(key)
+                return backend
+        raise ValueError(f"mcr.{family}: no available backend can run it on {device_type} {dtype_name(dtype)} tensors")
+
+    def agreed_bytes(self, family, group, nbytes) -> int:
+        """Where message sizes legitimately differ across ranks (uneven all-to-all), the choice
+        is made on the largest size in the group, which every rank learns through one small
+        all-reduce. It is skipped when the choice for this op cannot depend on the size."""
+        if self.table is None or not self.table.depends_on_size(family, group.size):
+            return nbytes
+        size = torch.tensor([nbytes], dtype=torch.int64)
+        backend, _ = self.choose("all_reduce", 8, group, torch.int64, "cpu", None, dist.ReduceOp.MAX)
+        self.run("all_reduce", backend, group, 8, False, backend.all_reduce, group.comms[backend.name], size, dist.ReduceOp.MAX, False)
+        return int(size.item())
+
+    # --- step 3 and 4: run, watch and account --------------------------------------------------
+    def run(self, family, backend, group, nbytes, async_op, fn, *args):
+        watchdog, comm_log = self.watchdog, self.comm_log
+        what = (family, backend.name, nbytes, group.size)
+        started = time.perf_counter()
+        token = watchdog.begin(what) if watchdog is not None and not async_op else None
+        try:
+            handle = fn(*args)
+        except Exception as exc:
+            raise self._error(what, group, exc) from exc
+        finally:
+            if token is not None:
+                watchdog.end(token)
+        if not async_op:
+            if comm_log is not None:
+                comm_log.record(family, backend.name, nbytes, group.size, time.perf_counter() - started)
+            return None
+        return self._watched(handle, what, group, started)
+
+    def _watched(self, handle, what, group, started):
+        inner_wait = handle._wait
+        watchdog, comm_log = self.watchdog, self.comm_log
+
+        def wait():
+            token = watchdog.begin(what) if watchdog is not None else None
+            try:
+                inner_wait()
+            except Exception as exc:
+                raise self._error(what, group, exc) from exc
+            finally:
+                if token is not None:
+                    watchdog.end(token)
+
+        handle._wait = wait
+        if comm_log is not None:
+            family, name, nbytes, size = what
+            handle.then(lambda: comm_log.record(family, name, nbytes, size, time.perf_counter() - started))
+        return handle
+
+    def _error(self, what, group, exc):
+        family, name, nbytes, size = what
+        return CommError(
+            f"rank {self.rank}: {family} on backend {name} ({nbytes} bytes, group ranks {list(group.ranks)}) "
+            f"failed: {exc}"
+        )
+
+    # --- shutdown ------------------------------------------------------------------------------
+    def finalize(self):
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        if self.comm_log is not None:
+            if self.rank == 0:
+                print("mcr communication log (rank 0)\n" + self.comm_log.table(), flush=True)
+            if self.cfg.comm_log_json:
+                path = self.cfg.comm_log_json.replace("{rank}", str(self.rank))
+                if self.rank == 0 or "{rank}" in self.cfg.comm_log_json:
+                    self.comm_log.write_json(path)
+        for backend in self.backends.values():
+            backend.shutdown()

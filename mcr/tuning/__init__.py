@@ -1,0 +1,1 @@
+"""Tuning: the table that maps (op, message size, group size, dtype) to a backend."""
