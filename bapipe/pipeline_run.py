@@ -45,6 +45,25 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _profile_and_plan(args, dist):
+    """Every rank profiles at once, so the profile sees the same shared cores as the pipeline;
+    rank 0 plans and tells the others the planned boundaries."""
+    import torch
+    from .cluster import Cluster
+    from .explore import CostModel, optimal_plan
+    from .profile import profile_stack
+
+    dist.barrier()
+    profile = profile_stack(build("gpt-like", **json.loads(args.model_kwargs)), args.micro_batch, repeats=7)
+    parts = torch.zeros(dist.get_world_size() + 1, dtype=torch.long)
+    if dist.get_rank() == 0:
+        profile.save(args.profile_out)
+        model = CostModel(profile, Cluster.load(args.plan_cluster), dist.get_world_size(), args.microbatches, "1f1b")
+        parts = torch.tensor(optimal_plan(model).deepspeed_parts)
+    dist.broadcast(parts, 0)
+    return parts.tolist()
+
+
 def _worker(args):
     import torch
     import deepspeed
@@ -52,40 +71,54 @@ def _worker(args):
 
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
-    results = []
-    for spec in args.partitions.split(";"):
+    specs = args.partitions.split(";")
+    if "planned" in specs:
+        planned = ",".join(map(str, _profile_and_plan(args, dist)))
+        specs = [planned if spec == "planned" else spec for spec in specs]
+    runs = []
+    for spec in specs:
         parts = [int(v) for v in spec.split(",")] if spec[0].isdigit() else spec
         stack = build("gpt-like", **json.loads(args.model_kwargs))   # same seed: same weights everywhere
         module = planned_pipeline_module(stack.layers, parts, num_stages=dist.get_world_size(),
                                          loss_fn=stack.loss_fn)
+        same = [r for r in runs if r["parts"] == [int(v) for v in module.parts]]
+        if same:   # the same boundaries train the same way: measure them once
+            runs.append({"spec": spec, "twin": same[0], "parts": same[0]["parts"]})
+            continue
         config = {"train_micro_batch_size_per_gpu": args.micro_batch,
                   "gradient_accumulation_steps": args.microbatches,
                   "steps_per_print": 10 ** 9, "pipeline": {"activation_checkpoint_interval": 0}}
         optimizer = torch.optim.Adam([p for p in module.parameters() if p.requires_grad], lr=1e-4)
         engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
         batch = stack.make_batch(args.micro_batch)
-        data = iter(lambda: batch, None)   # endless; the same batch keeps timings comparable
-        times = []
-        for step in range(args.warmup + args.iters):
+        runs.append({"spec": spec, "engine": engine, "data": iter(lambda: batch, None), "times": [],
+                     "parts": [int(v) for v in module.parts]})
+    # rounds visit every partition in turn, so a burst of load from elsewhere hits them alike
+    for step in range(args.warmup + args.iters):
+        for run in (r for r in runs if "twin" not in r):
             dist.barrier()
             start = time.perf_counter()
-            loss = engine.train_batch(data)
-            times.append(time.perf_counter() - start)
-        results.append({"partition": spec, "parts": [int(v) for v in module.parts], "loss": float(loss),
-                        "iteration_s": statistics.median(times[args.warmup:]),
-                        "iterations_s": times[args.warmup:]})
-        del engine, module, optimizer
+            run["loss"] = float(run["engine"].train_batch(run["data"]))
+            if step >= args.warmup:
+                run["times"].append(time.perf_counter() - start)
     if dist.get_rank() == 0:
         with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+            measured = [r.get("twin", r) for r in runs]
+            json.dump([{"partition": r["spec"], "parts": m["parts"], "loss": m["loss"], "shared_with": m["spec"],
+                        "iteration_s": statistics.median(m["times"]), "iterations_s": m["times"]}
+                       for r, m in zip(runs, measured)], f, indent=1)
 
 
 def run_partitions(partitions, microbatches, micro_batch, iters=4, warmup=2, stages=2,
-                   model_kwargs=None, timeout_s=900):
-    """Train the GPT-like stack on ``stages`` local processes once per partition.
+                   model_kwargs=None, timeout_s=900, plan_cluster=None, profile_out=None):
+    """Train the GPT-like stack on ``stages`` local processes with each partition in turn.
 
-    ``partitions``: each a list of DeepSpeed ``parts`` or a ``partition_method`` name.
-    Returns one dict per partition with the measured median ``iteration_s``."""
+    ``partitions``: each a list of DeepSpeed ``parts``, a ``partition_method`` name, or "planned":
+    then the processes profile the stack together, save the profile to ``profile_out`` and
+    plan with the cluster file ``plan_cluster`` (1F1B). Returns one dict per partition with the
+    measured median ``iteration_s``."""
+    if "planned" in partitions and not (plan_cluster and profile_out):
+        raise ValueError("a 'planned' partition needs plan_cluster and profile_out")
     specs = [",".join(map(str, p)) if isinstance(p, (list, tuple)) else p for p in partitions]
     port = _free_port()
     with tempfile.TemporaryDirectory() as tmp:
@@ -98,7 +131,8 @@ def run_partitions(partitions, microbatches, micro_batch, iters=4, warmup=2, sta
             cmd = [sys.executable, "-m", "bapipe.pipeline_run", "--partitions", ";".join(specs),
                    "--microbatches", str(microbatches), "--micro-batch", str(micro_batch),
                    "--iters", str(iters), "--warmup", str(warmup), "--out", out,
-                   "--model-kwargs", json.dumps(model_kwargs or {})]
+                   "--model-kwargs", json.dumps(model_kwargs or {}),
+                   "--plan-cluster", str(plan_cluster), "--profile-out", str(profile_out)]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                           text=True, cwd=os.path.dirname(os.path.dirname(__file__))))
         logs = []
@@ -125,6 +159,8 @@ def main(argv=None):
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--model-kwargs", default="{}")
     parser.add_argument("--out", required=True)
+    parser.add_argument("--plan-cluster")
+    parser.add_argument("--profile-out")
     _worker(parser.parse_args(argv))
 
 
