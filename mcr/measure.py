@@ -28,12 +28,22 @@ def _elements(op, nbytes, element_size, n):
     return count
 
 
-def make_call(op, nbytes, backend=None, dtype=torch.float32, group=None):
-    """Returns (call, actual_nbytes). `call()` runs the op once, blocking, on this rank."""
+def make_call(op, nbytes, backend=None, dtype=torch.float32, group=None, chunk_bytes=0):
+    """Returns (call, actual_nbytes). `call()` runs the op once, blocking, on this rank.
+    `chunk_bytes` > 0 runs an all-reduce as a train of chunks, as the runtime does for a
+    tuning-table entry with that chunk size."""
     n = api.get_world_size(group)
     rank = api.get_rank(group)
     count = _elements(op, nbytes, torch.tensor([], dtype=dtype).element_size(), n)
     x = torch.ones(count, dtype=dtype)
+    if op == "all_reduce" and chunk_bytes and x.nbytes > chunk_bytes:
+        parts = x.split(max(1, chunk_bytes // x.element_size()))
+
+        def chunked():
+            for part in parts:
+                api.all_reduce(part, group=group, backend=backend)
+
+        return chunked, x.nbytes
     if op == "all_reduce":
         return (lambda: api.all_reduce(x, group=group, backend=backend)), x.nbytes
     if op == "reduce":
@@ -65,29 +75,32 @@ def make_call(op, nbytes, backend=None, dtype=torch.float32, group=None):
     raise ValueError(f"cannot measure op {op!r}; choose one of {', '.join(MEASURABLE_OPS)}")
 
 
-def slowest(value: float, group=None) -> float:
-    """The largest value over the group's ranks, so every rank reports and decides the same."""
-    t = torch.tensor([value], dtype=torch.float64)
-    api.all_reduce(t, op=api.ReduceOp.MAX, group=group)
-    return float(t.item())
+def slowest(value, group=None, backend=None):
+    """The largest value over the group's ranks, so every rank reports and decides the same.
+    `value` may be a list (one all-reduce for all). `backend`: where to agree (None: the
+    runtime's choice; the online tuner names one so that agreeing never asks it to choose)."""
+    many = isinstance(value, (list, tuple))
+    t = torch.tensor(list(value) if many else [value], dtype=torch.float64)
+    api.all_reduce(t, op=api.ReduceOp.MAX, group=group, backend=backend)
+    return t.tolist() if many else float(t.item())
 
 
-def time_call(call, iters: int, warmup: int = 5, group=None) -> float:
+def time_call(call, iters: int, warmup: int = 5, group=None, backend=None) -> float:
     """Median seconds per call on this rank, then the slowest rank's median."""
     for _ in range(warmup):
         call()
-    api.barrier(group=group)
+    api.barrier(group=group, backend=backend)
     samples = []
     clock = time.perf_counter
     for _ in range(iters):
         start = clock()
         call()
         samples.append(clock() - start)
-    return slowest(statistics.median(samples), group)
+    return slowest(statistics.median(samples), group, backend)
 
 
-def time_op(op, nbytes, backend=None, dtype=torch.float32, group=None, iters=None, warmup=5):
+def time_op(op, nbytes, backend=None, dtype=torch.float32, group=None, iters=None, warmup=5, chunk_bytes=0):
     """(seconds per op, actual bytes). send_recv reports half the round trip."""
-    call, actual = make_call(op, nbytes, backend, dtype, group)
-    seconds = time_call(call, iters or iterations_for(actual), warmup, group)
+    call, actual = make_call(op, nbytes, backend, dtype, group, chunk_bytes)
+    seconds = time_call(call, iters or iterations_for(actual), warmup, group, backend)
     return (seconds / 2 if op == "send_recv" else seconds), actual

@@ -20,7 +20,9 @@ Why mixing backends cannot deadlock (the rule the code keeps):
 from __future__ import annotations
 
 import logging
+import os
 import socket
+import sys
 import time
 from datetime import timedelta
 
@@ -72,6 +74,8 @@ class Runtime:
         self.watchdog = Watchdog(info.rank, cfg.watchdog_timeout_s) if cfg.watchdog_timeout_s > 0 else None
         self._choices = {}
         self._warned = set()
+        if self.world_size > 1:
+            self._abort_job_on_uncaught_exception()
         if self.rank == 0:
             have = ", ".join(f"{n} ({b.version()})" for n, b in self.backends.items())
             missing = "; ".join(f"{n}: {why}" for n, why in self.unavailable.items())
@@ -99,7 +103,7 @@ class Runtime:
         if mpi is not None and (addr is None or port is None):
             # MPI gives us a channel: rank 0 publishes its host and a free port.
             addr, port = mpi.world.bcast((addr or socket.gethostname(), port or launch_env.free_port()), root=0)
-        elif launch_env.os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
             is_server = False  # torchrun's agent already serves a store on MASTER_PORT
         elif port is not None and info.world_size > 1:
             port += 1  # leave MASTER_PORT free for torch.distributed's own store
@@ -114,12 +118,35 @@ class Runtime:
         store = dist.TCPStore(addr, port, info.world_size, is_server, timedelta(seconds=300), wait_for_workers=False)
         return dist.PrefixStore("mcr/", store)
 
+    def _abort_job_on_uncaught_exception(self):
+        """An exception that ends this rank must end the job: exiting normally would run
+        MPI_Finalize, which waits for peers that may be waiting for us."""
+        previous = sys.excepthook
+        mpi = self.backends.get("mpi")
+
+        def hook(kind, value, traceback):
+            previous(kind, value, traceback)
+            sys.stderr.write(f"mcr: rank {self.rank} ended with {kind.__name__}; aborting the job\n")
+            sys.stderr.flush()
+            if mpi is not None:
+                mpi.MPI.COMM_WORLD.Abort(1)
+            os._exit(1)
+
+        sys.excepthook = hook
+
     def _load_table(self, cfg):
-        if cfg.tuning is None or cfg.tuning == "auto":
+        if cfg.tuning is None:
             return None
+        if cfg.tuning == "auto":  # learn per (op, size bucket) on first use; MCR_TUNING_SAVE keeps it
+            from .tuning.online import OnlineTuner
+
+            return OnlineTuner(self, BUILTIN_ORDER["cpu"], save_path=os.environ.get("MCR_TUNING_SAVE"))
         table = TuningTable.load(cfg.tuning)
-        if not cfg.tuning_predict:
-            table.check_fits(self.world_size)
+        if cfg.tuning_predict:  # another scale or machine: this job's group size through the model
+            from .tuning.model import predict_table
+
+            return predict_table(table, self.world_size, self.info.local_world_size)
+        table.check_fits(self.world_size, ranks_per_node=self.info.local_world_size)
         return table
 
     def new_group(self, ranks) -> Group:
@@ -158,7 +185,13 @@ class Runtime:
             name, why = self.cfg.overrides[family], f"the override for {family}"
             self._require(name, family, why)
         else:
-            entry = self.table.lookup(family, nbytes, group.size, dtype_name(dtype)) if self.table else None
+            table = self.table
+            if table is None:
+                entry = None
+            elif table.online:  # may measure the candidates now, together with the group
+                entry = table.decide(family, nbytes, group, dtype, device_type, reduce_op)
+            else:
+                entry = table.lookup(family, nbytes, group.size, dtype_name(dtype))
             if entry is not None:
                 name, chunk, why = entry.backend, entry.chunk_bytes, f"the tuning table {self.table.path}"
             elif self.cfg.backend != "auto":

@@ -125,6 +125,23 @@ class GlooBackend(TorchDistBackend):
     def _make_pg(self, store, group_rank, group_size):
         return dist.ProcessGroupGloo(store, group_rank, group_size, self._timeout)
 
+    def all_to_all(self, g, output_list, input_list, async_op):
+        # gloo's list all-to-all needs equal sizes; packing into one uneven all_to_all_single does not
+        packed_in = torch.cat([t.reshape(-1) for t in input_list])
+        packed_out = torch.empty(sum(t.numel() for t in output_list), dtype=packed_in.dtype)
+        work = g.alltoall_base(packed_out, packed_in, [t.numel() for t in output_list],
+                               [t.numel() for t in input_list], self._all_to_all_opts)
+
+        def copy_out():
+            for out, part in zip(output_list, packed_out.split([t.numel() for t in output_list])):
+                out.copy_(part.view_as(out))
+
+        if async_op:
+            return from_torch_work(work, (packed_in, packed_out), copy_out)
+        work.wait()
+        copy_out()
+        return None
+
 
 class NcclBackend(TorchDistBackend):
     name = "nccl"

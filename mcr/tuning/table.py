@@ -8,7 +8,18 @@
          backend: mpi, chunk_bytes: 0, predicted: false, latency_us: {mpi: 2.1, gloo: 170.0}}
 
 `max_bytes` is exclusive (null: no upper bound); `dtype` is a torch dtype name or `any`.
-`latency_us` keeps every candidate's measurement beside the choice so a reader can see why.
+`latency_us` keeps every candidate's measurement beside the choice so a reader can see why; a
+merged entry shows them at its largest measured size, `latency_at_bytes`. `predicted: true`
+marks an entry the performance model decided (a crossover between measured sizes, or another
+group size), not a measurement.
+
+Tables written by `python -m mcr.tune` also keep what the choice was made from:
+
+    curves:   # every candidate's latency (µs, slowest rank's median) at every measured size
+      - {op: all_reduce, group_size: 2, dtype: float32, bytes: [4, 8, ...],
+         latency_us: {mpi: [2.1, 2.2, ...], gloo: [...], mpi/chunk=1M: [null, ..., 16400.0]}}
+    model:    # latency = alpha + beta * bytes, fitted per (op, candidate, group size)
+      - {op: all_reduce, group_size: 2, candidate: mpi, alpha_us: 2.0, beta_us_per_MiB: 250.0}
 """
 from __future__ import annotations
 
@@ -18,7 +29,7 @@ import os
 import socket
 import tempfile
 from dataclasses import asdict, dataclass, field
-from typing import Dict, Optional
+from typing import ClassVar, Dict, List, Optional
 
 import yaml
 
@@ -43,10 +54,37 @@ class Entry:
     chunk_bytes: int = 0
     predicted: bool = False
     latency_us: Dict[str, float] = field(default_factory=dict)
+    latency_at_bytes: Optional[int] = None  # the message size latency_us was measured at
 
     @property
     def choice(self) -> Choice:
         return Choice(self.backend, self.chunk_bytes)
+
+
+@dataclass
+class Curve:
+    """One op's measurements at one group size: latency (µs) per candidate label per size;
+    None where a candidate was not measured (a chunked candidate below two chunks)."""
+    op: str
+    group_size: int
+    dtype: str
+    bytes: List[int]
+    latency_us: Dict[str, List[Optional[float]]]
+    predicted: bool = False
+
+
+@dataclass
+class Fit:
+    """latency_us = alpha_us + beta_us_per_MiB * bytes / 2**20 for one (op, candidate, group size)."""
+    op: str
+    group_size: int
+    candidate: str
+    alpha_us: float
+    beta_us_per_MiB: float
+    predicted: bool = False
+
+    def latency_us(self, nbytes: int) -> float:
+        return self.alpha_us + self.beta_us_per_MiB * nbytes / (1 << 20)
 
 
 class TuningTableError(ValueError):
@@ -58,6 +96,9 @@ class TuningTable:
     fingerprint: dict
     entries: list
     path: Optional[str] = None
+    curves: list = field(default_factory=list)  # [Curve]: what the entries were chosen from
+    model: list = field(default_factory=list)  # [Fit]
+    online: ClassVar[bool] = False  # a fixed table; mcr.tuning.online.OnlineTuner learns one
 
     def __post_init__(self):
         # (op, group_size, dtype) -> (sorted lower bounds, entries) for a bisect per lookup
@@ -93,6 +134,8 @@ class TuningTable:
             "version": VERSION,
             "fingerprint": self.fingerprint,
             "entries": [asdict(e) for e in self.entries],
+            **({"curves": [asdict(c) for c in self.curves]} if self.curves else {}),
+            **({"model": [asdict(m) for m in self.model]} if self.model else {}),
         }
 
     def save(self, path: str) -> None:
@@ -120,17 +163,24 @@ class TuningTable:
             )
         try:
             entries = [Entry(**e) for e in data.get("entries") or []]
+            curves = [Curve(**c) for c in data.get("curves") or []]
+            model = [Fit(**m) for m in data.get("model") or []]
         except TypeError as exc:
             raise TuningTableError(f"{path}: bad entry ({exc})") from None
-        return cls(fingerprint=data.get("fingerprint") or {}, entries=entries, path=path)
+        return cls(fingerprint=data.get("fingerprint") or {}, entries=entries, path=path, curves=curves, model=model)
 
-    def check_fits(self, world_size: int, hostname: Optional[str] = None) -> None:
+    def check_fits(self, world_size: int, hostname: Optional[str] = None, ranks_per_node: Optional[int] = None) -> None:
         """Refuse a table measured for another job shape or machine."""
         fp = self.fingerprint
         if fp.get("world_size") not in (None, world_size):
             raise TuningTableError(
                 f"tuning table {self.path} was measured on {fp['world_size']} ranks but this job has {world_size}; "
                 f"run `python -m mcr.tune` at this scale, or set tuning_predict=true to use its performance model"
+            )
+        if ranks_per_node is not None and fp.get("ranks_per_node") not in (None, ranks_per_node):
+            raise TuningTableError(
+                f"tuning table {self.path} was measured with {fp['ranks_per_node']} ranks per node but this job has "
+                f"{ranks_per_node}; re-tune with this layout, or set tuning_predict=true to use it anyway"
             )
         pattern = fp.get("hostname")
         hostname = hostname or socket.gethostname()

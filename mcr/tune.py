@@ -1,0 +1,208 @@
+"""Measure every backend on the ranks this is launched with and write the tuning table.
+
+    python -m launch.local -n 2 -m mcr.tune [--out tuning/{host}-n{world}.yaml] [--max-bytes 64M]
+    python -m mcr.tune --table tuning/vm-n2.yaml --predict-world-size 8     # no ranks needed
+
+For each op, message size (powers of two from --min-bytes to --max-bytes, plus --sizes and the
+sizes a model used, read from its comm log with --sizes-from) and candidate (each backend, and
+for all-reduce each backend in chunks of --chunks), the latency is the slowest rank's median
+after warm-ups, so every rank builds the same table. The table, its plots (`<table>-plots/`)
+and a Markdown report (`<table>.md`) are written by rank 0 (by every rank with `{rank}` in --out).
+Use it with `MCR_TUNING_FILE=<table>` or `mcr.init(tuning=<table>)`.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import socket
+import sys
+import time
+
+import torch
+
+from . import api
+from .bench import DEFAULT_OPS
+from .measure import MEASURABLE_OPS, iterations_for, time_op
+from .runtime import BUILTIN_ORDER
+from .tuning import candidates as cands
+from .tuning.fingerprint import fingerprint
+from .tuning.model import fits_for, predict_table
+from .tuning.report import summary, write_beside
+from .tuning.rules import DEFAULT_MARGIN, entries_for
+from .tuning.table import Curve, TuningTable
+
+DEFAULT_OUT = "tuning/{host}-n{world}.yaml"
+
+
+def powers_of_two(low: int, high: int) -> list:
+    sizes, size = [], 1 << max(0, (max(1, low) - 1).bit_length())
+    while size <= high:
+        sizes.append(size)
+        size *= 2
+    return sizes
+
+
+def model_sizes(path: str) -> dict:
+    """op -> message sizes a model used, from a comm log JSON (`comm_log_json` / MCR_COMM_LOG_JSON)."""
+    try:
+        with open(path) as f:
+            rows = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"mcr.tune: cannot read the comm log {path} ({exc}); write one with MCR_COMM_LOG_JSON=path") from None
+    out = {}
+    for row in rows:
+        out.setdefault(row["op"], set()).add(int(row["bytes"]))
+    return out
+
+
+def measure_curve(op, sizes, choices, dtype, group, iters, warmup, log) -> Curve:
+    """One op at one group size: every candidate at every size (only on the group's ranks)."""
+    labels = [cands.label(c) for c in choices]
+    measured, latency = [], {lab: [] for lab in labels}
+    started = time.perf_counter()
+    for size in sizes:
+        row, actual = {}, None
+        for c, lab in zip(choices, labels):
+            if not cands.applies(c, size):
+                row[lab] = None
+                continue
+            n = iters or iterations_for(size)
+            seconds, nbytes = time_op(op, size, c.backend, dtype, group, n, min(warmup, n), c.chunk_bytes)
+            actual = nbytes if actual is None else actual
+            row[lab] = round(seconds * 1e6, 3)
+        if actual in measured:  # the op rounded two requested sizes to the same message
+            continue
+        measured.append(actual)
+        for lab in labels:
+            latency[lab].append(row[lab])
+    log(f"  {op}: {len(measured)} sizes x {len(labels)} candidates in {time.perf_counter() - started:.1f} s")
+    return Curve(op, group.size, str(dtype).replace("torch.", ""), measured, latency)
+
+
+def gather_hostnames(world_size) -> list:
+    name = socket.gethostname().encode()[:64].ljust(64, b"\0")
+    mine = torch.frombuffer(bytearray(name), dtype=torch.uint8)
+    everyone = torch.empty(64 * world_size, dtype=torch.uint8)
+    api.all_gather_into_tensor(everyone, mine)
+    raw = bytes(everyone.tolist())
+    return [raw[i * 64 : (i + 1) * 64].rstrip(b"\0").decode() for i in range(world_size)]
+
+
+def share_from_rank0(obj):
+    """Rank 0's object on every rank (curves of subgroups that some ranks sat out)."""
+    data = pickle.dumps(obj) if api.get_rank() == 0 else b""
+    length = torch.tensor([len(data)], dtype=torch.int64)
+    api.broadcast(length, 0)
+    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(int(length.item()), dtype=torch.uint8)
+    api.broadcast(buf, 0)
+    return pickle.loads(bytes(buf.tolist())) if api.get_rank() != 0 else obj
+
+
+def build_table(fp, curves, margin, order_by_op) -> TuningTable:
+    entries, model = [], []
+    for curve in curves:
+        entries += entries_for(curve, margin, order_by_op[curve.op])
+        model += fits_for(curve)
+    return TuningTable(fp, entries, None, curves, model)
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(prog="mcr.tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ops", default=",".join(DEFAULT_OPS), help=f"comma list from {', '.join(MEASURABLE_OPS)}")
+    p.add_argument("--backends", default=None, help="comma list (default: every available backend)")
+    p.add_argument("--min-bytes", default="4")
+    p.add_argument("--max-bytes", default="64M")
+    p.add_argument("--sizes", default="", help="extra message sizes for every op, e.g. 3M,786432")
+    p.add_argument("--sizes-from", default=None, help="comm log JSON of a model run: measure the sizes it used")
+    p.add_argument("--chunks", default="256K,1M,4M", help="all-reduce chunk sizes to try as candidates ('' for none)")
+    p.add_argument("--group-sizes", default=None, help="comma list of group sizes to tune (default: the world)")
+    p.add_argument("--iters", type=int, default=None, help="iterations per point (default: scaled by size)")
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help="fraction a candidate must win by to take over")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--out", default=DEFAULT_OUT, help="table path; {host}, {world} and {rank} are filled in")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots and the Markdown report")
+    p.add_argument("--table", default=None, help="with --predict-world-size: the measured table to predict from")
+    p.add_argument("--predict-world-size", type=int, default=None, help="print the table the model predicts for N ranks")
+    p.add_argument("--ranks-per-node", type=int, default=None, help="with --predict-world-size: the target layout")
+    return p, p.parse_args(argv)
+
+
+def predict_main(args) -> int:
+    table = TuningTable.load(args.table)
+    predicted = predict_table(table, args.predict_world_size, args.ranks_per_node, args.margin)
+    print(summary(predicted), flush=True)
+    if args.out != DEFAULT_OUT:
+        predicted.save(args.out.format(host=socket.gethostname(), world=args.predict_world_size, rank=0))
+        print(f"\npredicted table written to {predicted.path}")
+    return 0
+
+
+def main(argv=None) -> int:
+    parser, args = parse_args(argv)
+    if args.table:
+        if not args.predict_world_size:
+            parser.error("--table is read only with --predict-world-size N")
+        return predict_main(args)
+
+    rt = api.init(tuning=None)  # measure the backends themselves, not a previous table's choice
+    world, rank = rt.world_size, rt.rank
+    log = (lambda msg: print(msg, flush=True)) if rank == 0 else (lambda msg: None)
+    ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    for op in ops:
+        if op not in MEASURABLE_OPS:
+            parser.error(f"unknown op {op!r}; choose from {', '.join(MEASURABLE_OPS)}")
+    backends = [b.strip() for b in args.backends.split(",")] if args.backends else list(rt.backends)
+    for name in backends:
+        if name not in rt.backends:
+            parser.error(f"backend {name!r} is unavailable here: {rt.unavailable.get(name, 'unknown backend')}")
+    preferred = [b for b in BUILTIN_ORDER["cpu"] if b in backends] + [b for b in backends if b not in BUILTIN_ORDER["cpu"]]
+    chunks = [cands.parse_bytes(c) for c in args.chunks.split(",") if c.strip()]
+    group_sizes = [int(g) for g in args.group_sizes.split(",")] if args.group_sizes else [world]
+    bad = [g for g in group_sizes if not 2 <= g <= world]
+    if bad:
+        parser.error(f"group sizes {bad} do not fit a world of {world} ranks (each must be 2..{world})")
+    if "send_recv" in ops and world < 2:
+        ops.remove("send_recv")
+    dtype = getattr(torch, args.dtype)
+    base = powers_of_two(cands.parse_bytes(args.min_bytes), cands.parse_bytes(args.max_bytes))
+    extra = {int(cands.parse_bytes(s)) for s in args.sizes.split(",") if s.strip()}
+    used = model_sizes(args.sizes_from) if args.sizes_from else {}
+    out_path = args.out.format(host=socket.gethostname(), world=world, rank=rank)
+
+    hostnames = gather_hostnames(world)
+    log(f"mcr.tune: {world} ranks, backends {', '.join(preferred)}, ops {', '.join(ops)}, "
+        f"{len(base)} sizes {base[0]} B .. {base[-1]} B, chunks {args.chunks or 'none'}")
+    started = time.perf_counter()
+    curves = []
+    for g in group_sizes:
+        group = rt.world if g == world else api.new_group(range(g))
+        if group.is_member:
+            log(f"group of {g} ranks")
+            for op in ops:
+                choices = cands.for_op(op, preferred, chunks)
+                sizes = sorted(set(base) | extra | used.get(op, set()))
+                curves.append(measure_curve(op, sizes, choices, dtype, group, args.iters, args.warmup, log))
+        api.barrier()
+    if group_sizes != [world]:
+        curves = share_from_rank0(curves)
+    order_by_op = {op: [cands.label(c) for c in cands.for_op(op, preferred, chunks)] for op in ops}
+    table = build_table(fingerprint(rt, hostnames), curves, args.margin, order_by_op)
+    log(f"measured in {time.perf_counter() - started:.0f} s\n")
+    log(summary(table))
+    if rank == 0 or "{rank}" in args.out:
+        table.save(out_path)
+        log(f"\ntable: {out_path}")
+        if rank == 0 and not args.no_plots:
+            plots, report = write_beside(table, out_path)
+            log(f"plots: {os.path.dirname(plots[0]) if plots else '-'}\nreport: {report}")
+    if args.predict_world_size:
+        log("\n" + summary(predict_table(table, args.predict_world_size, args.ranks_per_node, args.margin)))
+    api.finalize()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

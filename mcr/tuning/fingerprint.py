@@ -1,0 +1,33 @@
+"""The machine fingerprint a tuning table carries, so a table is not used where it was not measured."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+
+import torch
+
+
+def hostname_pattern(hostnames) -> str:
+    """One pattern for the hosts of a job: the exact name on one host without a number, else
+    the common prefix of the names without their trailing digits plus '*' ('node17' -> 'node*')."""
+    names = sorted(set(hostnames))
+    if len(names) == 1 and not re.search(r"\d+$", names[0]):
+        return names[0]
+    prefix = os.path.commonprefix(names)
+    return re.sub(r"\d+$", "", prefix) + "*"
+
+
+def fingerprint(rt, hostnames=None) -> dict:
+    """`hostnames`: every rank's host (gathered by the caller); this rank's when not given."""
+    import mcr
+
+    versions = {name: str(backend.version()) for name, backend in sorted(rt.backends.items())}
+    versions["torch"] = str(torch.__version__)
+    versions["mcr"] = str(mcr.__version__)
+    return {
+        "hostname": hostname_pattern(hostnames or [socket.gethostname()]),
+        "world_size": rt.world_size,
+        "ranks_per_node": rt.info.local_world_size,
+        "versions": versions,
+    }

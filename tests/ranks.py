@@ -1,0 +1,60 @@
+"""Run a Python script or module on N real local ranks and collect what each rank printed.
+
+Tests use this instead of mocks: ranks are real processes started by mpiexec (MPI world:
+mpi + gloo backends) or torchrun (no MPI world: gloo only), talking over loopback.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+from launch.local import mpiexec_command, torchrun_command
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@dataclass
+class Result:
+    returncode: int
+    output: str
+
+    def check(self) -> "Result":
+        if self.returncode != 0:
+            raise AssertionError(f"ranks failed with exit code {self.returncode}:\n{self.output[-6000:]}")
+        return self
+
+
+def run_ranks(nprocs: int, target: list, launcher: str = "mpiexec", env: dict | None = None, timeout: float = 240) -> Result:
+    """`target` is what follows `python`: ["-m", "module", args...] or ["script.py", args...]."""
+    full_env = dict(os.environ)
+    full_env.update({
+        "PYTHONPATH": REPO + os.pathsep + full_env.get("PYTHONPATH", ""),
+        "OMPI_ALLOW_RUN_AS_ROOT": "1",
+        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        "OMPI_MCA_mpi_yield_when_idle": "1",
+        "WANDB_MODE": "disabled",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+    })
+    full_env.update(env or {})
+    if launcher == "torchrun":
+        if target[0] == "-m":
+            target = ["--module"] + target[1:]
+        cmd = torchrun_command(nprocs, target)
+    else:
+        cmd = mpiexec_command(nprocs, target)
+    try:
+        proc = subprocess.run(cmd, env=full_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        raise AssertionError(f"ranks did not finish in {timeout} s:\n{out[-6000:]}") from None
+    return Result(proc.returncode, proc.stdout)
+
+
+def run_script(nprocs: int, path: str, *args, launcher="mpiexec", env=None, timeout=240) -> Result:
+    return run_ranks(nprocs, [path, *map(str, args)], launcher=launcher, env=env, timeout=timeout)
+
+
+PYTHON = sys.executable
