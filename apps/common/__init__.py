@@ -1,0 +1,1 @@
+"""What the trainers share: config loading, comm setup, data, metrics, checkpoints."""

@@ -1,0 +1,113 @@
+"""The one place a trainer's communication is set up: `setup_comm(cfg.comm)` before the model,
+`comm_seconds()` for the step-time split, `finalize_comm()` at the end (prints the comm table).
+
+`comm.backend` is `auto | gloo | mpi | nccl` or a map `{op family: backend, default: backend}`;
+`comm.tuning` is a tuning-table file written by `python -m mcr.tune`, or `auto`. With the mcr
+DeepSpeed hook (mcr/hooks/deepspeed.py) every DeepSpeed collective goes through the mcr runtime,
+which picks the backend per call; without it DeepSpeed runs on plain torch.distributed gloo.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from .config import ConfigError
+
+BACKENDS = ("auto", "gloo", "mpi", "nccl")
+
+
+@dataclass
+class CommConfig:
+    backend: Any = "auto"  # auto | gloo | mpi | nccl | {op family: backend, default: backend}
+    tuning: Optional[str] = None  # tuning table from `python -m mcr.tune`, or auto
+    log: bool = True  # keep per-(op, backend, size) timings; the table is printed at the end
+
+
+def op_families() -> tuple:
+    from mcr.ops import OP_FAMILIES
+
+    return OP_FAMILIES
+
+
+def check_comm(comm, key: str = "comm") -> None:
+    """Raise ConfigError, naming the key and the valid choices, for a bad comm section."""
+    backend = comm.backend
+    if isinstance(backend, str):
+        if backend not in BACKENDS:
+            raise ConfigError(f"bad value {backend!r} for config key '{key}.backend'; choose one of "
+                              f"{', '.join(BACKENDS)}, or a map {{op family: backend}}")
+    elif hasattr(backend, "items"):
+        families = op_families() + ("default",)
+        for op, name in backend.items():
+            if op not in families:
+                raise ConfigError(f"unknown op {op!r} in config key '{key}.backend'; choose from {', '.join(families)}")
+            if name not in BACKENDS:
+                raise ConfigError(f"bad value {name!r} for config key '{key}.backend.{op}'; choose one of {', '.join(BACKENDS)}")
+    else:
+        raise ConfigError(f"bad value {backend!r} for config key '{key}.backend'; choose one of {', '.join(BACKENDS)} or a map")
+    if comm.tuning not in (None, "auto") and not os.path.isfile(comm.tuning):
+        raise ConfigError(f"bad value {comm.tuning!r} for config key '{key}.tuning': no such file; "
+                          "give a table written by `python -m mcr.tune`, auto, or null")
+
+
+def runtime_config(comm, comm_log_json: Optional[str] = None) -> dict:
+    """The mcr RuntimeConfig (as a dict) that `comm` asks for."""
+    if isinstance(comm.backend, str):
+        default, overrides = comm.backend, {}
+    else:
+        overrides = {op: name for op, name in comm.backend.items() if op != "default"}
+        default = comm.backend.get("default", "auto")
+    return {"backend": default, "overrides": overrides, "tuning": comm.tuning, "comm_log": bool(comm.log),
+            "comm_log_json": comm_log_json}
+
+
+def _hook():
+    try:
+        from mcr.hooks import deepspeed as hook
+    except ImportError:
+        return None
+    return hook
+
+
+def uses_mcr() -> bool:
+    return _hook() is not None
+
+
+def setup_comm(comm, comm_log_json: Optional[str] = None) -> None:
+    """Start DeepSpeed's communication layer as `comm` asks. Call once, before building the model."""
+    check_comm(comm)
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")  # quiet DeepSpeed's accelerator probing
+    import deepspeed
+
+    hook = _hook()
+    if hook is None:
+        if runtime_config(comm)["backend"] not in ("auto", "gloo") or not isinstance(comm.backend, str):
+            raise ConfigError(f"comm.backend={comm.backend} needs the mcr DeepSpeed hook (mcr/hooks/deepspeed.py), "
+                              "which is not installed; use comm.backend=gloo")
+        deepspeed.init_distributed(dist_backend="gloo")
+        return
+    hook.install(runtime_config(comm, comm_log_json))
+    deepspeed.init_distributed()
+
+
+def comm_seconds() -> Optional[float]:
+    """Seconds spent in communication so far on this rank, when the runtime measures it."""
+    if not uses_mcr():
+        return None
+    import mcr
+
+    if not mcr.is_initialized() or mcr.runtime().comm_log is None:
+        return None
+    return sum(row["total_ms"] for row in mcr.runtime().comm_log.rows()) / 1e3
+
+
+def finalize_comm() -> None:
+    """Print the runtime's communication table on rank 0 (when logging is on) and shut down."""
+    if uses_mcr():
+        import mcr
+
+        mcr.finalize()

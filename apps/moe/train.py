@@ -1,0 +1,176 @@
+"""Train a GPT with DeepSpeed MoE layers, expert-parallel, data parallel across expert groups.
+
+    python -m launch.local -n 2 -m apps.moe --config configs/moe/default.yaml [key=value ...]
+
+Read top to bottom: config (all checks before any process group) -> communication (through
+the mcr runtime) -> model -> DeepSpeed engine -> resume -> training loop with metrics,
+validation and checkpoints -> communication table.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from apps.common.checkpoint import latest_tag, mark_latest, step_of, tag_for
+from apps.common.comm import comm_seconds, finalize_comm, setup_comm, uses_mcr
+from apps.common.config import load_config, save_resolved, to_dict, write_atomic
+from apps.common.data import TokenBatches
+from apps.common.metrics import Meter, MetricsLog
+from apps.moe.config import MoEConfig, validate
+from apps.moe.model import GPTMoE, count_params, lm_loss
+from mcr.env import discover
+
+
+def deepspeed_config(cfg) -> dict:
+    t = cfg.train
+    return {
+        "train_micro_batch_size_per_gpu": t.micro_batch,
+        "gradient_accumulation_steps": t.grad_accum,
+        "gradient_clipping": t.grad_clip,
+        "optimizer": {"type": "Adam", "params": {"lr": t.lr, "betas": [0.9, 0.95], "weight_decay": t.weight_decay}},
+        "scheduler": {"type": "WarmupDecayLR", "params": {
+            "warmup_min_lr": 0.0, "warmup_max_lr": t.lr, "warmup_num_steps": t.warmup_steps,
+            "total_num_steps": t.steps, "warmup_type": "linear"}},
+        "zero_optimization": {"stage": t.zero_stage},
+        "bf16": {"enabled": t.precision == "bf16"},
+        "steps_per_print": 10**9,  # we print our own line
+    }
+
+
+def main(argv=None) -> dict:
+    # 1. Config: every check that needs no process group happens here.
+    cfg = load_config(MoEConfig, sys.argv[1:] if argv is None else argv)
+    launch = discover()
+    validate(cfg, launch.world_size)
+    run_dir = os.path.join(cfg.out_dir, cfg.name)
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    torch.set_num_threads(cfg.train.threads or max(1, (os.cpu_count() or 1) // launch.local_world_size))
+
+    # 2. Communication: DeepSpeed's comm layer, routed through the mcr runtime.
+    setup_comm(cfg.comm, comm_log_json=os.path.join(run_dir, "comm_log.json"))
+    import deepspeed
+    import deepspeed.comm as dist
+    from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if rank == 0:
+        os.makedirs(run_dir, exist_ok=True)
+        save_resolved(cfg, os.path.join(run_dir, "config.yaml"))
+
+    # 3. Model: the same seed on every rank gives the same dense weights; the MoE layers hold
+    #    num_experts / ep_size local experts each.
+    cfg.model.ep_size = cfg.model.ep_size or world
+    torch.manual_seed(cfg.train.seed)
+    model = GPTMoE(cfg.model)
+    total_params, expert_params = count_params(model)
+
+    # 4. DeepSpeed engine: expert parameters get their own optimizer groups (reduced over the
+    #    expert-data-parallel group only), as ZeRO with MoE requires.
+    param_groups = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters()), "name": "params"})
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups, config=deepspeed_config(cfg))
+    device = engine.device
+
+    # 5. Resume from the latest complete checkpoint.
+    start = 0
+    tag = latest_tag(ckpt_dir) if cfg.resume else None
+    if tag is not None:
+        engine.load_checkpoint(ckpt_dir, tag=tag)
+        start = step_of(tag)
+    end = min(cfg.train.steps, start + cfg.train.stop_after) if cfg.train.stop_after else cfg.train.steps
+
+    # 6. Data, metrics.
+    t = cfg.train
+    data = TokenBatches(cfg.data, cfg.model.vocab_size, cfg.model.seq_len, t.micro_batch, t.seed, rank)
+    samples_per_step = t.micro_batch * t.grad_accum * world
+    meter = Meter(tokens_per_step=samples_per_step * cfg.model.seq_len, samples_per_step=samples_per_step)
+    log = MetricsLog(run_dir, rank, t.steps, wandb_mode=cfg.wandb, run_name=cfg.name, config=to_dict(cfg),
+                     resume=start > 0, progress=cfg.progress, start_step=start)
+    log.print(
+        f"moe: {world} ranks, {engine.__class__.__name__} ZeRO-{t.zero_stage} {t.precision}, comm "
+        f"{'mcr ' + str(cfg.comm.backend) if uses_mcr() else 'plain DeepSpeed gloo (mcr hook not installed)'}; "
+        f"{model.num_moe_layers()} MoE layers x {cfg.model.num_experts} experts (ep {cfg.model.ep_size}, top-{cfg.model.top_k}); "
+        f"{total_params / 1e6:.2f}M params on rank 0 ({expert_params / 1e6:.2f}M expert); "
+        f"{'resuming at step ' + str(start) if start else 'starting'} -> {end}; run dir {run_dir}"
+    )
+
+    def all_ranks_mean(values):
+        buf = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(buf)
+        return (buf / world).tolist()
+
+    def evaluate():
+        engine.eval()
+        with torch.no_grad():
+            losses = [lm_loss(engine(x.to(device))[0], y.to(device)).item()
+                      for x, y in (data.get(i, "val") for i in range(cfg.eval_iters))]
+        engine.train()
+        return all_ranks_mean([sum(losses) / len(losses)])[0]
+
+    def save_checkpoint(step):
+        engine.save_checkpoint(ckpt_dir, tag=tag_for(step), client_state={"step": step}, save_latest=False)
+        if rank == 0:  # save_checkpoint ends with a barrier: every rank's files are complete
+            mark_latest(ckpt_dir, tag_for(step), keep=cfg.checkpoint.keep)
+
+    # 7. Training loop.
+    lm_sum = aux_sum = 0.0
+    seen = 0
+    step_times, step_comm = [], []
+    first_timed = start + max(1, (end - start) // 10)  # the first steps warm up; the summary skips them
+    started = time.perf_counter()
+    for step in range(start + 1, end + 1):
+        # Reseed per step: random token selection and dropout draw the same numbers whether the
+        # run was interrupted or not, so a resumed run follows the same loss curve.
+        torch.manual_seed(t.seed * 1_000_003 + step * 4099 + rank)
+        comm0, t0 = comm_seconds(), time.perf_counter()
+        for micro in range(t.grad_accum):
+            x, y = data.get((step - 1) * t.grad_accum + micro)
+            logits, aux = engine(x.to(device))
+            lm = lm_loss(logits, y.to(device))
+            engine.backward(lm + cfg.model.aux_loss_coef * aux)
+            engine.step()
+            lm_sum += lm.item() / t.grad_accum
+            aux_sum += aux.item() / t.grad_accum
+        seconds = time.perf_counter() - t0
+        comm = None if comm0 is None else comm_seconds() - comm0
+        meter.step(seconds, comm)
+        if step >= first_timed:
+            step_times.append(seconds)
+            step_comm.append(comm)
+        seen += 1
+        log.advance()
+
+        if step % cfg.log_interval == 0 or step == end:
+            loss, aux_loss = all_ranks_mean([lm_sum / seen, aux_sum / seen])
+            values = {"loss": loss, "aux_loss": aux_loss, **meter.interval(), "lr": engine.get_lr()[0]}
+            if (cfg.eval_interval and step % cfg.eval_interval == 0) or step == cfg.train.steps:
+                values["val_loss"] = evaluate()
+            log.write(step, **values)
+            lm_sum = aux_sum = 0.0
+            seen = 0
+        if cfg.checkpoint.enabled and ((cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0) or step == end):
+            save_checkpoint(step)
+
+    # 8. Summary, the communication table, shutdown.
+    median = statistics.median(step_times) if step_times else float("nan")
+    comms = [c for c in step_comm if c is not None]
+    summary = {
+        "steps": end - start, "world_size": world, "comm_backend": to_dict(cfg.comm)["backend"], "mcr": uses_mcr(),
+        "wall_s": time.perf_counter() - started, "median_step_ms": median * 1e3,
+        "tokens_per_s": meter.tokens_per_step / median, "samples_per_s": meter.samples_per_step / median,
+        "comm_ms": statistics.median(comms) * 1e3 if comms else None,
+    }
+    log.print(f"done: {summary['steps']} steps in {summary['wall_s']:.1f} s; median step {summary['median_step_ms']:.1f} ms, "
+              f"{summary['tokens_per_s']:,.0f} tok/s, {summary['samples_per_s']:,.1f} samples/s"
+              + (f", comm {summary['comm_ms']:.1f} ms/step" if summary["comm_ms"] is not None else ""))
+    if rank == 0:
+        import json
+
+        write_atomic(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1))
+    log.close()
+    dist.barrier()
+    finalize_comm()
+    return summary
