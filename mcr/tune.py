@@ -30,7 +30,7 @@ from .tuning import candidates as cands
 from .tuning.fingerprint import fingerprint
 from .tuning.model import fits_for, predict_table
 from .tuning.report import summary, write_beside
-from .tuning.rules import DEFAULT_MARGIN, entries_for
+from .tuning.rules import DEFAULT_MARGIN, entries_for, winners
 from .tuning.table import Curve, TuningTable
 
 DEFAULT_OUT = "tuning/{host}-n{world}.yaml"
@@ -57,28 +57,47 @@ def model_sizes(path: str) -> dict:
     return out
 
 
-def measure_curve(op, sizes, choices, dtype, group, iters, warmup, log) -> Curve:
-    """One op at one group size: every candidate at every size (only on the group's ranks)."""
+def measure_point(op, size, choices, dtype, group, iters, warmup):
+    """(actual bytes, {label: µs or None}) for every candidate at one requested size."""
+    row, actual = {}, None
+    for c in choices:
+        lab = cands.label(c)
+        if not cands.applies(c, size):
+            row[lab] = None
+            continue
+        n = iters or iterations_for(size)
+        seconds, nbytes = time_op(op, size, c.backend, dtype, group, n, min(warmup, n), c.chunk_bytes)
+        row[lab] = round(seconds * 1e6, 3)
+        actual = nbytes if actual is None else actual
+    return actual, row
+
+
+def measure_curve(op, sizes, choices, dtype, group, iters, warmup, margin, log) -> Curve:
+    """One op at one group size: every candidate at every size (only on the group's ranks).
+    Where the winner changes, both sizes around the change are measured again and each
+    candidate keeps its faster median (noise only ever adds time), so a flip must hold twice."""
     labels = [cands.label(c) for c in choices]
-    measured, latency = [], {lab: [] for lab in labels}
+    requested, measured, latency = [], [], {lab: [] for lab in labels}
     started = time.perf_counter()
     for size in sizes:
-        row, actual = {}, None
-        for c, lab in zip(choices, labels):
-            if not cands.applies(c, size):
-                row[lab] = None
-                continue
-            n = iters or iterations_for(size)
-            seconds, nbytes = time_op(op, size, c.backend, dtype, group, n, min(warmup, n), c.chunk_bytes)
-            actual = nbytes if actual is None else actual
-            row[lab] = round(seconds * 1e6, 3)
+        actual, row = measure_point(op, size, choices, dtype, group, iters, warmup)
         if actual in measured:  # the op rounded two requested sizes to the same message
             continue
+        requested.append(size)
         measured.append(actual)
         for lab in labels:
             latency[lab].append(row[lab])
-    log(f"  {op}: {len(measured)} sizes x {len(labels)} candidates in {time.perf_counter() - started:.1f} s")
-    return Curve(op, group.size, str(dtype).replace("torch.", ""), measured, latency)
+    curve = Curve(op, group.size, str(dtype).replace("torch.", ""), measured, latency)
+    wins = winners(curve, margin, labels)
+    again = sorted({j for i in range(1, len(wins)) if wins[i] != wins[i - 1] for j in (i - 1, i)})
+    for i in again:
+        _, row = measure_point(op, requested[i], choices, dtype, group, iters, warmup)
+        for lab in labels:
+            old, new = latency[lab][i], row[lab]
+            latency[lab][i] = old if new is None else new if old is None else min(old, new)
+    log(f"  {op}: {len(measured)} sizes x {len(labels)} candidates ({len(again)} confirmed) "
+        f"in {time.perf_counter() - started:.1f} s")
+    return curve
 
 
 def gather_hostnames(world_size) -> list:
@@ -184,7 +203,7 @@ def main(argv=None) -> int:
             for op in ops:
                 choices = cands.for_op(op, preferred, chunks)
                 sizes = sorted(set(base) | extra | used.get(op, set()))
-                curves.append(measure_curve(op, sizes, choices, dtype, group, args.iters, args.warmup, log))
+                curves.append(measure_curve(op, sizes, choices, dtype, group, args.iters, args.warmup, args.margin, log))
         api.barrier()
     if group_sizes != [world]:
         curves = share_from_rank0(curves)

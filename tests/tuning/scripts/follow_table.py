@@ -1,0 +1,43 @@
+"""The runtime follows the tuning table it loads (MCR_TUNING_FILE), as written, on every rank.
+
+For each entry of the table's world-size group: three sizes inside its range must get exactly
+the entry's backend and chunk size from the runtime, and a real all-reduce at that size must
+run on it (the comm log says where it ran). Usage: follow_table.py EXPECT_CHANGED(0|1)
+"""
+import os
+import sys
+
+import torch
+
+import mcr
+from mcr.runtime import BUILTIN_ORDER
+
+expect_changed = sys.argv[1] == "1"
+rt = mcr.init(comm_log=True)
+assert rt.table is not None and rt.table.path == os.environ["MCR_TUNING_FILE"], rt.table
+n = mcr.get_world_size()
+default = next(b for b in BUILTIN_ORDER["cpu"] if b in rt.backends)
+changed = 0
+checked = 0
+for e in rt.table.entries:
+    if e.group_size != n or e.op != "all_reduce":
+        continue
+    high = e.max_bytes if e.max_bytes is not None else max(e.min_bytes * 4, 1 << 20)
+    for nbytes in sorted({max(e.min_bytes, 4), (e.min_bytes + high) // 2, high - 1}):
+        nbytes -= nbytes % 4
+        if not e.min_bytes <= nbytes < high:
+            continue
+        backend, chunk = rt.choose("all_reduce", nbytes, rt.world, torch.float32, "cpu")
+        assert (backend.name, chunk) == (e.backend, e.chunk_bytes), (nbytes, backend.name, chunk, e)
+        rt.comm_log = mcr.commlog.CommLog()
+        x = torch.ones(nbytes // 4)
+        mcr.all_reduce(x)
+        assert torch.all(x == n), "wrong all-reduce result"
+        ran_on = {row["backend"] for row in rt.comm_log.rows()}
+        assert ran_on == {e.backend}, (nbytes, ran_on, e)
+        changed += e.backend != default or e.chunk_bytes != 0
+        checked += 1
+assert checked > 0, "the table has no all_reduce entry for this world size"
+assert (changed > 0) == expect_changed, f"{changed} choices differ from the built-in order"
+print(f"rank {mcr.get_rank()}: table followed at {checked} sizes ({changed} differ from the built-in {default}) OK", flush=True)
+mcr.finalize()

@@ -1,0 +1,20 @@
+"""Start the runtime with the table in MCR_TUNING_FILE and print the choice for all_reduce at
+1 KiB and 8 MiB, or the error that refused the table. Usage: load_table.py [predict]"""
+import sys
+
+import torch
+
+import mcr
+from mcr.tuning.table import TuningTableError
+
+try:
+    rt = mcr.init(tuning_predict=sys.argv[1:] == ["predict"])
+except TuningTableError as exc:
+    print(f"refused: {exc}", flush=True)
+    raise SystemExit(0)
+for nbytes in (1024, 8 << 20):
+    backend, chunk = rt.choose("all_reduce", nbytes, rt.world, torch.float32, "cpu")
+    print(f"rank {mcr.get_rank()}: all_reduce {nbytes} -> {backend.name} chunk {chunk}", flush=True)
+entries = [e for e in rt.table.entries if e.group_size == mcr.get_world_size()]
+print(f"rank {mcr.get_rank()}: {len(entries)} entries, predicted {all(e.predicted for e in entries)}", flush=True)
+mcr.finalize()

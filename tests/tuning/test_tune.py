@@ -1,0 +1,48 @@
+"""`mcr.tune` on 2 real ranks writes the same table on every rank, and the runtime follows it."""
+import os
+
+from mcr.tuning.table import TuningTable
+from tests.ranks import run_ranks, run_script
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
+# small and quick: 3 ops, 16 B .. 2 MiB, a 512 KiB chunk candidate that applies from 1 MiB on
+TUNE = ["-m", "mcr.tune", "--ops", "all_reduce,all_to_all,send_recv", "--min-bytes", "16", "--max-bytes", "2M",
+        "--chunks", "512K", "--iters", "6", "--warmup", "2"]
+
+
+def test_tune_writes_an_identical_table_on_every_rank_and_the_runtime_follows_it(tmp_path):
+    out = run_ranks(2, TUNE + ["--out", str(tmp_path / "table-{rank}.yaml")]).check().output
+    t0, t1 = (tmp_path / "table-0.yaml").read_text(), (tmp_path / "table-1.yaml").read_text()
+    assert t0 == t1, "ranks wrote different tables"
+
+    table = TuningTable.load(str(tmp_path / "table-0.yaml"))
+    fp = table.fingerprint
+    assert fp["world_size"] == 2 and fp["ranks_per_node"] == 2 and {"mpi", "gloo"} <= set(fp["versions"])
+    assert {c.op for c in table.curves} == {"all_reduce", "all_to_all", "send_recv"}
+    for curve in table.curves:
+        assert curve.bytes[0] == 16 and curve.bytes[-1] == 2 << 20
+        assert all(t > 0 for t in curve.latency_us["mpi"]) and all(t > 0 for t in curve.latency_us["gloo"])
+    chunked = next(c for c in table.curves if c.op == "all_reduce").latency_us["mpi/chunk=512K"]
+    assert chunked[-1] > 0 and chunked[0] is None  # measured only from two chunks up
+    for e in table.entries:  # every choice keeps every candidate's latency beside it
+        assert len(e.latency_us) >= 2 and e.latency_at_bytes is not None
+    assert {m.candidate for m in table.model if m.op == "all_reduce"} >= {"mpi", "gloo", "mpi/chunk=512K"}
+    assert (tmp_path / "table-0.md").exists() and (tmp_path / "table-0-plots" / "all_reduce-n2.png").stat().st_size > 10_000
+    assert "# all_reduce, group of 2" in out
+
+    # the table as measured: the runtime's choice at each entry's sizes is the entry's
+    env = {"MCR_TUNING_FILE": str(tmp_path / "table-0.yaml")}
+    changed = any(e.backend != "mpi" or e.chunk_bytes for e in table.entries if e.op == "all_reduce")
+    followed = run_script(2, os.path.join(SCRIPTS, "follow_table.py"), int(changed), env=env).check().output
+    assert followed.count("table followed") == 2, followed[-3000:]
+
+    # the same table with every other all_reduce range moved off the built-in order's mpi
+    for i, e in enumerate(e for e in table.entries if e.op == "all_reduce"):
+        if i % 2 == 0:
+            e.backend, e.chunk_bytes = ("gloo", 0) if e.backend == "mpi" and not e.chunk_bytes else ("mpi", 0)
+    if all(e.backend == "mpi" and not e.chunk_bytes for e in table.entries if e.op == "all_reduce"):
+        next(e for e in table.entries if e.op == "all_reduce").backend = "gloo"
+    table.save(str(tmp_path / "edited.yaml"))
+    env = {"MCR_TUNING_FILE": str(tmp_path / "edited.yaml")}
+    followed = run_script(2, os.path.join(SCRIPTS, "follow_table.py"), 1, env=env).check().output
+    assert followed.count("table followed") == 2, followed[-3000:]
