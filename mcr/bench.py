@@ -19,6 +19,7 @@ from . import api
 from .commlog import human_bytes
 from .measure import MEASURABLE_OPS, iterations_for, slowest, time_call, time_op
 from .ops import bus_factor
+from .tuning.candidates import short_bytes
 
 DEFAULT_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 
@@ -52,9 +53,9 @@ def sweep(ops, backends, sizes, dtype, iters=None):
                 row[name] = seconds
             row["bytes"] = actual
             if "auto" in backends:
-                family_bytes = actual if op != "send_recv" else actual
-                chosen, _ = rt.choose(op, family_bytes, rt.world, dtype, "cpu")
-                row["auto_backend"] = chosen.name
+                chosen, chunk = rt.choose(op, actual, rt.world, dtype, "cpu")
+                chunked = chunk and op == "all_reduce" and actual > chunk  # mcr.api runs it in chunks
+                row["auto_backend"] = chosen.name + (f"/{short_bytes(chunk)}" if chunked else "")
             row["busbw_factor"] = bus_factor(op, n)
             rows.append(row)
     return rows
@@ -66,7 +67,7 @@ def format_table(rows, backends) -> str:
     for op in dict.fromkeys(r["op"] for r in rows):
         header = f"{'size':>9}" + "".join(f"{b + ' us':>12}{b + ' busbw':>12}" for b in singles)
         if "auto" in backends:
-            header += f"{'auto':>8}{'auto us':>11}{'vs best':>9}"
+            header += f"{'auto':>9}{'auto us':>11}{'vs best':>9}"
         out += [f"\n# {op} ({api.get_world_size()} ranks; busbw in GB/s, nccl-tests factor)", header, "-" * len(header)]
         for r in (r for r in rows if r["op"] == op):
             line = f"{human_bytes(r['bytes']):>9}"
@@ -75,7 +76,7 @@ def format_table(rows, backends) -> str:
                 line += f"{r[b] * 1e6:>12.1f}{bw:>12.3f}"
             if "auto" in backends:
                 best = min(r[b] for b in singles) if singles else r["auto"]
-                line += f"{r['auto_backend']:>8}{r['auto'] * 1e6:>11.1f}{(r['auto'] / best - 1) * 100:>+8.1f}%"
+                line += f"{r['auto_backend']:>9}{r['auto'] * 1e6:>11.1f}{(r['auto'] / best - 1) * 100:>+8.1f}%"
             out.append(line)
     return "\n".join(out)
 

@@ -218,9 +218,12 @@ class Runtime:
             if backend is not None and backend.supports(family, dtype, reduce_op, device_type):
                 key = (name, family, dtype, reduce_op, device_type)
                 if key not in self._warned and self.rank == 0:
-                    op_name = f" {_REDUCE_OP_NAMES.get(reduce_op, reduce_op)}" if reduce_op is not None else ""
-                    log.warning("mcr: %s (%s) cannot run %s%s on %s %s tensors; using %s",
-                                name, why, family, op_name, device_type, dtype_name(dtype), candidate)
+                    if name not in self.backends:
+                        problem = f"is unavailable ({self.unavailable.get(name, 'unknown backend')})"
+                    else:
+                        op_name = f" {_REDUCE_OP_NAMES.get(reduce_op, reduce_op)}" if reduce_op is not None else ""
+                        problem = f"cannot run {family}{op_name} on {device_type} {dtype_name(dtype)} tensors"
+                    log.warning("mcr: %s (%s) %s; using %s for %s", name, why, problem, candidate, family)
                 self._warned.add(key)
                 return backend
         raise ValueError(f"mcr.{family}: no available backend can run it on {device_type} {dtype_name(dtype)} tensors")
@@ -293,5 +296,8 @@ class Runtime:
                 path = self.cfg.comm_log_json.replace("{rank}", str(self.rank))
                 if self.rank == 0 or "{rank}" in self.cfg.comm_log_json:
                     self.comm_log.write_json(path)
+        # no rank tears down its connections while a peer still has ops in flight on them
+        for name in self.backends:
+            self.backends[name].barrier(self.world.comms[name], False)
         for backend in self.backends.values():
             backend.shutdown()

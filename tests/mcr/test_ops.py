@@ -21,7 +21,7 @@ def test_every_op_matches_local_reference(nprocs, launcher, backends):
     assert all(int(count) > 1000 and found == backends for _, count, found in oks), oks
     # unsupported combinations fall back visibly, not silently
     if "mpi" in backends:
-        assert "mpi (asked for by backend=) cannot run all_reduce sum on cpu bfloat16 tensors; using gloo" in out
+        assert "mpi (asked for by backend=) cannot run all_reduce sum on cpu bfloat16 tensors; using gloo for all_reduce" in out
 
 
 def test_torchrun_reports_mpi_unavailable_once():

@@ -26,8 +26,10 @@ def test_watchdog_names_rank_op_and_backend_of_a_hang():
 def test_gloo_timeout_names_rank_op_and_ends_the_job():
     result = run_script(2, os.path.join(SCRIPTS, "hang.py"), "hang", "gloo", env={"MCR_WATCHDOG_TIMEOUT": "3"}, timeout=90)
     assert result.returncode != 0
-    assert "rank 0: all_reduce on backend gloo" in result.output, result.output[-3000:]
-    assert "mcr: rank 0 ended with CommError; aborting the job" in result.output
+    # gloo's own timeout and the watchdog share the deadline; whichever fires names the same things
+    by_gloo = "rank 0: all_reduce on backend gloo" in result.output and "rank 0 ended with CommError" in result.output
+    by_watchdog = "rank 0 has waited" in result.output and "in all_reduce on backend gloo" in result.output
+    assert by_gloo or by_watchdog, result.output[-3000:]
 
 
 @pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
