@@ -255,7 +255,10 @@ def brute_force_plan(model: CostModel) -> Plan:
 
 def deepspeed_parts(profile: Profile, stages: int, method: str):
     """The boundaries DeepSpeed's ``PipelineModule`` picks with ``partition_method=method``."""
-    from deepspeed.runtime import utils as ds_utils   # DeepSpeed's own functions, not a copy
+    import contextlib
+    import io
+    with contextlib.redirect_stdout(io.StringIO()):   # keep DeepSpeed's import banner out of --json output
+        from deepspeed.runtime import utils as ds_utils   # DeepSpeed's own functions, not a copy
     if method == "uniform":
         parts = ds_utils.partition_uniform(num_items=profile.num_layers, num_parts=stages)
     elif method == "parameters":

@@ -58,16 +58,26 @@ def _peak_mib(plan):
         else plan.stages[0].memory_bytes / 2**20
 
 
+def _summary(plan, best):
+    return {"config": f"{len(plan.stages)}x{plan.replicas} {plan.schedule} m={plan.microbatches}",
+            "samples_per_s": plan.samples_per_s, "peak_mib": _peak_mib(plan),
+            "speedup": best.samples_per_s / plan.samples_per_s, "parts": plan.deepspeed_parts,
+            "fits_memory": plan.notes["fits_memory"]}
+
+
 def study_row(profile, cluster, max_microbatches=64):
-    """Planned (searched) vs DeepSpeed uniform at the planned configuration vs a uniform GPipe over
-    all devices vs data parallelism, each using as many micro-batches as fit the cap and memory."""
+    """The searched best against: DeepSpeed's uniform partition at the best pipelined
+    configuration, a uniform GPipe over all devices, and the best pure data parallelism. Each
+    uses the most micro-batches (up to the cap) that fit in memory."""
     best, tried = search(profile, cluster, max_microbatches=max_microbatches)
     n = cluster.size
+    pipelined = [p for p in tried if p.schedule != "data-parallel"]
+    best_pipe = max(pipelined, key=lambda p: p.samples_per_s, default=None)
     dp = max((p for p in tried if p.schedule == "data-parallel"), key=lambda p: p.samples_per_s, default=None)
     uniform_same = None
-    if best.schedule != "data-parallel":
-        uniform_same = baseline_plan(CostModel(profile, cluster, len(best.stages), best.microbatches,
-                                               best.schedule, best.replicas), "uniform")
+    if best_pipe:
+        uniform_same = baseline_plan(CostModel(profile, cluster, len(best_pipe.stages), best_pipe.microbatches,
+                                               best_pipe.schedule, best_pipe.replicas), "uniform")
     gpipe_all = None
     if profile.num_layers >= n:
         candidates = []
@@ -76,18 +86,10 @@ def study_row(profile, cluster, max_microbatches=64):
             if plan and plan.notes["fits_memory"]:
                 candidates.append(plan)
         gpipe_all = max(candidates, key=lambda p: p.samples_per_s, default=None)
-    row = {"model": profile.model, "cluster": cluster.name, "devices": n,
-           "planned": {"config": f"{len(best.stages)}x{best.replicas} {best.schedule} m={best.microbatches}",
-                       "samples_per_s": best.samples_per_s, "peak_mib": _peak_mib(best),
-                       "parts": best.deepspeed_parts}}
-    for name, plan in (("uniform_same_config", uniform_same), ("gpipe_uniform_all", gpipe_all),
-                       ("data_parallel", dp)):
-        if plan is None or not plan.notes["fits_memory"]:
-            row[name] = None
-            continue
-        row[name] = {"samples_per_s": plan.samples_per_s, "peak_mib": _peak_mib(plan),
-                     "speedup": best.samples_per_s / plan.samples_per_s,
-                     "config": f"{len(plan.stages)}x{plan.replicas} {plan.schedule} m={plan.microbatches}"}
+    row = {"model": profile.model, "cluster": cluster.name, "devices": n, "best": _summary(best, best)}
+    for name, plan, reference in (("best_pipeline", best_pipe, best), ("uniform_same_config", uniform_same, best_pipe),
+                                  ("gpipe_uniform_all", gpipe_all, best), ("data_parallel", dp, best)):
+        row[name] = _summary(plan, reference) if plan else None
     return row
 
 
@@ -95,9 +97,12 @@ def study(profiles_dir, cluster_paths=None, max_microbatches=64, out=None):
     profiles = sorted(glob.glob(os.path.join(profiles_dir, "*.json")))
     if not profiles:
         raise ValueError(f"no profiles in {profiles_dir}; make them with `python -m bapipe profile`")
+    print("best: the searched optimum (stages x replicas, schedule, micro-batches per pipeline); speed-ups are\n"
+          "its samples/s over the others'; 'pipe vs DS-uniform' compares the best pipelined plan with\n"
+          "DeepSpeed's uniform partition at the same configuration; memory is the peak per device (MiB).")
+    print(f"{'model':<10} {'cluster':<8} {'best':<22} {'samples/s':>10} {'MiB':>5} | {'pipe vs DS-uniform':>18} "
+          f"{'vs GPipe-all':>12} {'vs DP':>7} {'DP MiB':>7} {'pipe MiB':>8}")
     rows = []
-    print(f"{'model':<10} {'cluster':<8} {'planned config':<20} {'samples/s':>10} {'peak MiB':>9} | "
-          f"{'vs uniform':>10} {'vs GPipe-all':>12} {'vs DP':>7} {'DP peak MiB':>11}")
     for path in profiles:
         profile = Profile.load(path)
         for cluster_path in cluster_paths or STUDY_CLUSTERS:
@@ -105,12 +110,14 @@ def study(profiles_dir, cluster_paths=None, max_microbatches=64, out=None):
             rows.append(row)
 
             def speedup(name):
-                return f"{row[name]['speedup']:.2f}x" if row[name] else "n/a"
-            planned = row["planned"]
-            dp_peak = f"{row['data_parallel']['peak_mib']:.0f}" if row["data_parallel"] else "no fit"
-            print(f"{row['model']:<10} {row['cluster']:<8} {planned['config']:<20} {planned['samples_per_s']:10.1f} "
-                  f"{planned['peak_mib']:9.0f} | {speedup('uniform_same_config'):>10} "
-                  f"{speedup('gpipe_uniform_all'):>12} {speedup('data_parallel'):>7} {dp_peak:>11}")
+                entry = row[name]
+                return "n/a" if entry is None else "no fit" if not entry["fits_memory"] else f"{entry['speedup']:.2f}x"
+            best, dp, pipe = row["best"], row["data_parallel"], row["best_pipeline"]
+            dp_mib = f"{dp['peak_mib']:.0f}" if dp else "no fit"
+            pipe_mib = f"{pipe['peak_mib']:.0f}" if pipe else "n/a"
+            print(f"{row['model']:<10} {row['cluster']:<8} {best['config']:<22} {best['samples_per_s']:10.1f} "
+                  f"{best['peak_mib']:5.0f} | {speedup('uniform_same_config'):>18} {speedup('gpipe_uniform_all'):>12} "
+                  f"{speedup('data_parallel'):>7} {dp_mib:>7} {pipe_mib:>8}")
     if out:
         with open(out, "w") as f:
             json.dump(rows, f, indent=1)
