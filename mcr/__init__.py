@@ -33,5 +33,6 @@ from .group import Group
 from .handle import Handle
 from .ops import ReduceOp
 from .runtime import CommError
+from .hooks import torch_backend as _torch_backend  # registers the torch.distributed backend "mcr"
 
 __version__ = "0.1.0"

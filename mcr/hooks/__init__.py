@@ -1,0 +1,9 @@
+"""Framework hooks: switch a framework's communication onto the runtime without touching models.
+
+- `torch_backend`: the torch.distributed backend "mcr" (registered by `import mcr`), for
+  `dist.init_process_group(backend="mcr")`, DDP, FSDP and TorchRec.
+- `deepspeed`: `install(config)` makes `deepspeed.comm` run on that backend.
+- `torchrec`: sharders that offer row-wise sharding on CPU.
+- `bench`: the hooks' per-call overhead (`python -m launch.local -n 2 -m mcr.hooks.bench`).
+"""
+from . import torch_backend  # noqa: F401  (registers backend "mcr")

@@ -1,0 +1,305 @@
+"""The torch.distributed backend "mcr": `dist.init_process_group(backend="mcr")` runs every
+collective of torch, DDP, FSDP and TorchRec through the runtime's per-call choice.
+
+`import mcr` registers it. Two ways to start:
+
+- `dist.init_process_group(backend="mcr")` under torchrun (or any env:// / tcp:// init):
+  when the runtime is not running yet, the default group starts it on torch's own store
+  (prefix "mcr/"), so no second port is needed. `pg_options` may carry the runtime config
+  (a dict or `mcr.RuntimeConfig`).
+- `mcr.hooks.torch_backend.init_process_group(config)` under any launcher, mpiexec included
+  (which sets no RANK/MASTER_ADDR for torch): starts the runtime first and gives torch the
+  runtime's store, rank and world size.
+
+If `mcr.init()` already ran, the default group uses that runtime (and does not finalize it).
+
+`dist.new_group(ranks, backend="mcr")` (or any new_group under an "mcr" default group) builds
+an mcr group over the same global ranks. torch calls the creator on member ranks only, so the
+group is built among members alone: gloo on the group's store, MPI by MPI_Comm_create_group.
+
+Why a `dist.ProcessGroup` subclass: a Python subclass of the C++ `Backend` has no constructor,
+while ProcessGroup's pybind trampoline forwards C++ calls (DDP's reducer, functional
+collectives) to these Python methods. The runtime's gloo group is also registered as the
+group's cpu backend so C++ paths that ask for the device backend directly (monitored_barrier,
+`torch.ops.c10d.*` under torch.compile) still work; those few calls run on gloo, unchosen.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+
+import torch
+import torch.distributed as dist
+
+from .. import api
+from ..group import Group
+from ..ops import ReduceOp
+from .work import DONE, HandleWork
+
+BACKEND_NAME = "mcr"
+log = logging.getLogger("mcr")
+
+_GLOO = dist.ProcessGroup.BackendType.GLOO
+_NCCL = dist.ProcessGroup.BackendType.NCCL
+_world_epoch = itertools.count()  # distinguishes torch groups across init/destroy cycles
+_epoch = 0
+_adopt_runtime = False  # set by init_process_group(): the runtime it started ends with torch's group
+
+_all_reduce = api.all_reduce  # bound once: the hot path skips module lookups
+
+
+class RuntimeProcessGroup(dist.ProcessGroup):
+    """One torch process group backed by one mcr Group; ranks in and out are group ranks."""
+
+    def __init__(self, store, group: Group, owns_runtime: bool = False):
+        super().__init__(group.rank, group.size)  # the (store, ...) overload rejects Python subclasses
+        self.mcr_group = group
+        self._ranks = group.ranks  # group rank -> global rank, for roots and peers
+        self._owns_runtime = owns_runtime
+        if "gloo" in group.comms:
+            self._register_backend(torch.device("cpu"), _GLOO, group.comms["gloo"])
+        if "nccl" in group.comms:
+            self._register_backend(torch.device("cuda"), _NCCL, group.comms["nccl"])
+
+    # --- identity ------------------------------------------------------------------------------
+    def getBackendName(self):
+        return BACKEND_NAME
+
+    def name(self):
+        return BACKEND_NAME
+
+    def shutdown(self):
+        if self._owns_runtime and api.is_initialized():
+            api.finalize()  # prints/writes the comm log when enabled
+        self._owns_runtime = False
+
+    def abort(self):
+        self.shutdown()
+
+    # --- collectives ---------------------------------------------------------------------------
+    def allreduce(self, tensors, opts):
+        if len(tensors) != 1:
+            return self.allreduce_coalesced(tensors, opts)
+        async_op = opts.asyncOp
+        handle = _all_reduce(tensors[0], _op(opts.reduceOp), self.mcr_group, async_op)
+        return DONE if handle is None else HandleWork(handle, tensors)
+
+    def allreduce_coalesced(self, tensors, opts):
+        """One all-reduce on a flat copy: many small tensors cost one op, not many."""
+        if not tensors:
+            return DONE
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        handle = api.all_reduce(flat, _op(opts.reduceOp), self.mcr_group, True)
+        handle.then(lambda: _unflatten(flat, tensors))
+        return self._finish(handle, tensors, opts.asyncOp)
+
+    def reduce(self, tensors, opts):
+        tensor = tensors[opts.rootTensor]
+        handle = api.reduce(tensor, self._ranks[opts.rootRank], _op(opts.reduceOp), self.mcr_group, opts.asyncOp)
+        return self._work(handle, tensors)
+
+    def broadcast(self, tensors, opts):
+        tensor = tensors[opts.rootTensor]
+        handle = api.broadcast(tensor, self._ranks[opts.rootRank], self.mcr_group, opts.asyncOp)
+        return self._work(handle, tensors)
+
+    def allgather(self, output_lists, inputs, opts):
+        _single("allgather", inputs)
+        handle = api.all_gather(output_lists[0], inputs[0], self.mcr_group, opts.asyncOp)
+        return self._work(handle, output_lists)
+
+    def all_gather_single(self, output, input, opts):
+        handle = api.all_gather_into_tensor(output, input, self.mcr_group, opts.asyncOp)
+        return self._work(handle, [output])
+
+    _allgather_base = all_gather_single  # the pre-2.13 name, still called by some libraries
+
+    def allgather_coalesced(self, output_lists, inputs, opts):
+        handles = [api.all_gather(outs, t, self.mcr_group, True) for outs, t in zip(output_lists, inputs)]
+        return self._finish(handles, output_lists, opts.asyncOp)
+
+    def all_gather_single_coalesced(self, outputs, inputs, opts):
+        handles = [api.all_gather_into_tensor(o, i, self.mcr_group, True) for o, i in zip(outputs, inputs)]
+        return self._finish(handles, outputs, opts.asyncOp)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def gather(self, output_lists, inputs, opts):
+        _single("gather", inputs)
+        gather_list = output_lists[0] if output_lists else None
+        handle = api.gather(inputs[0], gather_list, self._ranks[opts.rootRank], self.mcr_group, opts.asyncOp)
+        return self._work(handle, output_lists)
+
+    def scatter(self, outputs, input_lists, opts):
+        _single("scatter", outputs)
+        scatter_list = input_lists[0] if input_lists else None
+        handle = api.scatter(outputs[0], scatter_list, self._ranks[opts.rootRank], self.mcr_group, opts.asyncOp)
+        return self._work(handle, outputs)
+
+    def reduce_scatter(self, outputs, input_lists, opts):
+        _single("reduce_scatter", outputs)
+        handle = api.reduce_scatter(outputs[0], input_lists[0], _op(opts.reduceOp), self.mcr_group, opts.asyncOp)
+        return self._work(handle, outputs)
+
+    def reduce_scatter_single(self, output, input, opts):
+        handle = api.reduce_scatter_tensor(output, input, _op(opts.reduceOp), self.mcr_group, opts.asyncOp)
+        return self._work(handle, [output])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
+        op = _op(opts.reduceOp)
+        handles = [api.reduce_scatter_tensor(o, i, op, self.mcr_group, True) for o, i in zip(outputs, inputs)]
+        return self._finish(handles, outputs, opts.asyncOp)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    def all_to_all_single(self, output, input, output_splits, input_splits, opts):
+        # Uneven splits (TorchRec's KJT exchange) differ by rank; the runtime agrees on one
+        # size before choosing, so every rank picks the same backend (api.all_to_all_single).
+        handle = api.all_to_all_single(
+            output, input, output_splits or None, input_splits or None, self.mcr_group, opts.asyncOp
+        )
+        return self._work(handle, [output])
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, outputs, inputs, opts):
+        handle = api.all_to_all(outputs, inputs, self.mcr_group, opts.asyncOp)
+        return self._work(handle, outputs)
+
+    def barrier(self, opts):
+        return self._work(api.barrier(self.mcr_group, opts.asyncOp), [])
+
+    # --- point to point: torch's send/recv have no async flag; torch waits when it must -------
+    def send(self, tensors, dst, tag):
+        return HandleWork(api.isend(tensors[0], self._ranks[dst], self.mcr_group, tag), tensors)
+
+    def recv(self, tensors, src, tag):
+        return HandleWork(api.irecv(tensors[0], self._ranks[src], self.mcr_group, tag), tensors)
+
+    def recv_anysource(self, tensors, tag):
+        raise NotImplementedError(
+            "mcr backend: recv from any source is not supported (backends must agree on the peer); pass src="
+        )
+
+    # --- helpers -------------------------------------------------------------------------------
+    @staticmethod
+    def _work(handle, result):
+        return DONE if handle is None else HandleWork(handle, result)
+
+    @staticmethod
+    def _finish(handles, result, async_op):
+        """Coalesced ops run async inside; a blocking caller gets them finished."""
+        work = HandleWork(handles, result)
+        if async_op:
+            return work
+        work.wait()
+        return DONE
+
+
+def _op(reduce_op):
+    """torch hands a ReduceOp object; the runtime keys its choice on the plain enum."""
+    op = reduce_op.op
+    if op == ReduceOp.PREMUL_SUM:
+        raise ValueError("mcr backend: ReduceOp.PREMUL_SUM is not supported; scale the tensor, then use SUM")
+    return op
+
+
+def _single(name, tensors):
+    if len(tensors) != 1:
+        raise ValueError(f"mcr backend: {name} takes one tensor per rank, got {len(tensors)} (multi-device lists are not supported)")
+
+
+def _unflatten(flat, tensors):
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        t.copy_(flat[offset : offset + n].view_as(t))
+        offset += n
+
+
+# --- creating groups ---------------------------------------------------------------------------
+def _world_runtime(opts, pg_options):
+    """The runtime for torch's default group: the running one, or one started on torch's store."""
+    global _epoch
+    _epoch = next(_world_epoch)
+    if api.is_initialized():
+        if pg_options is not None:
+            raise ValueError(
+                "mcr backend: pg_options carries a runtime config, but mcr.init() already ran; "
+                "pass the config to mcr.init() or drop pg_options"
+            )
+        rt, owned = api.runtime(), _adopt_runtime
+    else:
+        rt, owned = api.init(pg_options, store=dist.PrefixStore("mcr/", opts.store)), True
+    if (rt.rank, rt.world_size) != (opts.group_rank, opts.group_size):
+        raise RuntimeError(
+            f"mcr backend: torch.distributed says rank {opts.group_rank} of {opts.group_size}, but the launcher "
+            f"({rt.info.launcher}) says rank {rt.rank} of {rt.world_size}; pass the launcher's rank and world size "
+            "or use mcr.hooks.torch_backend.init_process_group()"
+        )
+    return rt, owned
+
+
+def _member_group(rt, name: str, ranks) -> Group:
+    """An mcr group built by its members alone (torch never calls non-members)."""
+    group = Group(("torch", name), ranks, rt.rank)
+    for backend_name, backend in rt.backends.items():
+        if backend_name == "mpi":
+            world = backend.world
+            group.comms["mpi"] = world.Create_group(world.group.Incl(list(ranks)))
+        else:  # gloo/nccl rendezvous on the runtime's store under this agreed name
+            comm = backend.new_group(f"torch/{name}", list(ranks), group.rank)
+            if comm is not None:
+                group.comms[backend_name] = comm
+    return group
+
+
+def _create(opts, pg_options):
+    """The creator torch calls (extended API) for the default group and every new group."""
+    ranks = list(opts.global_ranks_in_group)
+    if not ranks:  # torch passes no ranks for the default group
+        rt, owned = _world_runtime(opts, pg_options)
+        return RuntimeProcessGroup(opts.store, rt.world, owns_runtime=owned)
+    if not api.is_initialized():
+        raise RuntimeError(
+            "mcr backend: new_group(backend='mcr') needs the runtime on every rank; call mcr.init() "
+            "(or init_process_group(backend='mcr')) first"
+        )
+    rt = api.runtime()
+    if dist.get_rank() != rt.rank:
+        raise RuntimeError(
+            f"mcr backend: torch's global rank {dist.get_rank()} differs from the runtime's {rt.rank}; "
+            "initialize torch.distributed with the launcher's ranks"
+        )
+    return RuntimeProcessGroup(opts.store, _member_group(rt, f"{_epoch}/{opts.group_id}", ranks))
+
+
+def register() -> None:
+    """Register backend "mcr" with torch.distributed (idempotent; `import mcr` calls it)."""
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=devices)
+
+
+def init_process_group(config=None, timeout=None, **mcr_kwargs) -> None:
+    """Start the runtime (unless running) and torch.distributed on backend "mcr" with the
+    runtime's store, rank and world size: works under mpiexec, srun, jsrun and torchrun."""
+    if api.is_initialized() and (config is not None or mcr_kwargs):
+        raise ValueError("mcr.hooks.torch_backend.init_process_group: mcr.init() already ran; pass the config there")
+    global _adopt_runtime
+    started = not api.is_initialized()
+    rt = api.init(config, **mcr_kwargs) if started else api.runtime()
+    kwargs = {"timeout": timeout} if timeout is not None else {}
+    _adopt_runtime = started
+    try:
+        dist.init_process_group(
+            BACKEND_NAME, store=dist.PrefixStore("torch/", rt.store), rank=rt.rank, world_size=rt.world_size, **kwargs
+        )
+    finally:
+        _adopt_runtime = False
+
+
+register()
