@@ -63,11 +63,13 @@ def runtime_config(comm, comm_log_json: Optional[str] = None) -> dict:
 
 
 def _hook():
-    try:
-        from mcr.hooks import deepspeed as hook
-    except ImportError:
+    """mcr's DeepSpeed hook module, or None while it is not part of the installed mcr."""
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec("mcr.hooks.deepspeed") is None:
         return None
-    return hook
+    return importlib.import_module("mcr.hooks.deepspeed")
 
 
 def uses_mcr() -> bool:

@@ -78,7 +78,7 @@ class MetricsLog:
             from tqdm import tqdm
 
             self._bar = tqdm(total=total_steps, initial=start_step, desc=run_name, unit="step", file=sys.stderr,
-                             dynamic_ncols=True, leave=False)
+                             dynamic_ncols=True, leave=False, mininterval=1.0)
         if wandb_mode != "disabled":
             import wandb
 

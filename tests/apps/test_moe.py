@@ -1,0 +1,142 @@
+"""The MoE trainer on 2 real ranks (mpiexec, and torchrun for one case) with real DeepSpeed.
+
+The tiny preset trains in a few seconds; runs shared between tests are made once per module.
+"""
+import json
+import math
+import os
+
+import pytest
+import torch
+
+from apps.common.config import ConfigError, load_config
+from apps.common.comm import uses_mcr
+from apps.moe.config import MoEConfig, validate
+from apps.moe.train import main
+from tests.ranks import REPO, run_ranks
+
+TINY = os.path.join(REPO, "configs", "moe", "tiny.yaml")
+# Backend choices the trainer accepts; every one but gloo needs the mcr DeepSpeed hook.
+BACKENDS = {
+    "gloo": "comm.backend=gloo",
+    "mpi": "comm.backend=mpi",
+    "auto": "comm.backend=auto",
+    "per-op": "comm.backend={all_to_all: mpi, default: gloo}",
+}
+needs_hook = pytest.mark.skipif(not uses_mcr(), reason="mcr/hooks/deepspeed.py is not installed yet")
+
+
+def train(tmp_dir, name, *overrides, nprocs=2, launcher="mpiexec", timeout=300):
+    result = run_ranks(nprocs, ["-m", "apps.moe", "--config", TINY, f"out_dir={tmp_dir}", f"name={name}", "log_interval=1",
+                                *overrides], launcher=launcher, timeout=timeout).check()
+    run_dir = os.path.join(tmp_dir, name)
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        metrics = [json.loads(line) for line in f]
+    return result.output, metrics, run_dir
+
+
+@pytest.fixture(scope="module")
+def backend_runs(tmp_path_factory):
+    """backend choice -> (output, metrics, run_dir); each run made on first use."""
+    out_dir = str(tmp_path_factory.mktemp("moe"))
+    cache = {}
+
+    def get(choice):
+        if choice not in cache:
+            cache[choice] = train(out_dir, f"tiny-{choice}", BACKENDS[choice])
+        return cache[choice]
+
+    return get
+
+
+@pytest.mark.parametrize("choice", [c if c == "gloo" else pytest.param(c, marks=needs_hook) for c in BACKENDS])
+def test_loss_decreases_on_the_tiny_preset(backend_runs, choice):
+    _, metrics, _ = backend_runs(choice)
+    losses = [m["loss"] for m in metrics]
+    assert len(losses) == 30 and all(math.isfinite(x) for x in losses)
+    assert sum(losses[-5:]) / 5 < sum(losses[:5]) / 5 - 0.5, losses
+    assert metrics[-1]["val_loss"] < losses[0] - 0.5
+    assert metrics[-1]["tokens_per_s"] > 0 and metrics[-1]["aux_loss"] > 0
+
+
+@needs_hook
+@pytest.mark.parametrize("choice", ["mpi", "auto", "per-op"])
+def test_every_backend_choice_gives_the_same_losses_as_gloo(backend_runs, choice):
+    reference = [m["loss"] for m in backend_runs("gloo")[1]]
+    losses = [m["loss"] for m in backend_runs(choice)[1]]
+    assert losses == pytest.approx(reference, abs=1e-4)
+
+
+@needs_hook
+def test_comm_table_printed_at_the_end_names_the_chosen_backends(backend_runs):
+    output, metrics, _ = backend_runs("per-op")
+    table = output[output.index("mcr communication log"):]
+    assert any(line.startswith("all_to_all") and " mpi " in line for line in table.splitlines()), table
+    assert any(line.startswith("all_reduce") and " gloo " in line for line in table.splitlines()), table
+    assert "comm_ms" in metrics[-1]  # the step time is split once the runtime measures comm
+
+
+def test_run_directory_holds_resolved_config_metrics_and_summary(backend_runs):
+    output, metrics, run_dir = backend_runs("gloo")
+    assert output.count("step 30/30 | loss") == 1  # rank 0 prints, once
+    resolved = load_config(MoEConfig, ["--config", os.path.join(run_dir, "config.yaml")])
+    assert resolved.log_interval == 1 and resolved.model.ep_size == 0 and resolved.comm.backend == "gloo"
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)
+    assert summary["steps"] == 30 and summary["world_size"] == 2 and summary["tokens_per_s"] > 0
+    assert f"done: 30 steps" in output and f"{summary['tokens_per_s']:,.0f} tok/s" in output
+
+
+def test_resume_continues_the_same_loss_curve(tmp_path):
+    common = ("train.steps=12", "train.zero_stage=2", "model.top_k=2", "checkpoint.interval=4", "checkpoint.keep=2")
+    _, full, _ = train(str(tmp_path), "full", *common)
+    train(str(tmp_path), "parts", *common, "train.stop_after=6")
+    output, parts, run_dir = train(str(tmp_path), "parts", *common, "resume=true")
+    assert "resuming at step 6" in output
+    assert [m["step"] for m in parts] == list(range(1, 13))
+    assert [m["loss"] for m in parts] == pytest.approx([m["loss"] for m in full], abs=1e-5)
+    ckpt = os.path.join(run_dir, "checkpoints")
+    assert open(os.path.join(ckpt, "latest")).read() == "step_000012"
+    assert sorted(d for d in os.listdir(ckpt) if d.startswith("step_")) == ["step_000008", "step_000012"]
+    with open(os.path.join(run_dir, "config.yaml")) as f:
+        assert "resume: true" in f.read()
+
+
+def test_text_file_under_torchrun_trains_and_reports_validation_loss(tmp_path):
+    text = os.path.join(REPO, "README.md")
+    output, metrics, _ = train(str(tmp_path), "text", "data.kind=text", f"data.path={text}", "eval_interval=10",
+                               "comm.backend=gloo", launcher="torchrun")
+    vals = [m["val_loss"] for m in metrics if "val_loss" in m]
+    assert len(vals) == 3 and vals[-1] < vals[0]
+    assert metrics[-1]["loss"] < metrics[0]["loss"] - 0.5
+
+
+# --- config errors: before any process group ------------------------------------------------
+@pytest.mark.parametrize("override, message", [
+    ("model.top_k=3", r"bad value 3 for config key 'model\.top_k'; choose one of 1, 2"),
+    ("comm.backend=nccl2", r"'comm\.backend'; choose one of auto, gloo, mpi, nccl"),
+    ("train.zero_stage=3", r"config key 'train\.zero_stage'; choose one of 0, 1, 2"),
+    ("model.num_expert=4", r"unknown config key 'model\.num_expert'.*valid keys under 'model': .*num_experts"),
+    ("model.ep_size=3", r"'model\.ep_size'.*must divide"),
+    ("data.kind=text", r"'data\.path'.*needs an existing file"),
+])
+def test_bad_config_fails_before_any_process_group(override, message):
+    with pytest.raises(ConfigError, match=message):
+        main(["--config", TINY, override])
+    assert not torch.distributed.is_initialized()
+    import deepspeed.comm.comm as ds_comm
+    assert ds_comm.cdb is None
+
+
+def test_bad_config_under_mpiexec_exits_with_one_message():
+    result = run_ranks(2, ["-m", "apps.moe", "--config", TINY, "train.zero_stage=4"], timeout=120)
+    assert result.returncode != 0
+    assert result.output.count("config error: bad value 4 for config key 'train.zero_stage'; choose one of 0, 1, 2") == 1
+    assert "No existing process group" not in result.output  # no DeepSpeed groups were made
+
+
+@pytest.mark.parametrize("preset", sorted(os.listdir(os.path.join(REPO, "configs", "moe"))))
+def test_every_preset_validates(preset):
+    cfg = load_config(MoEConfig, ["--config", os.path.join(REPO, "configs", "moe", preset)])
+    world = 128 if cfg.model.num_experts >= 64 else 2  # the paper preset is for a GPU cluster
+    validate(cfg, world)
