@@ -107,6 +107,8 @@ def _worker(args):
             json.dump([{"partition": r["spec"], "parts": m["parts"], "loss": m["loss"], "shared_with": m["spec"],
                         "iteration_s": statistics.median(m["times"]), "iterations_s": m["times"]}
                        for r, m in zip(runs, measured)], f, indent=1)
+    dist.barrier()
+    torch.distributed.destroy_process_group()   # a clean exit: gloo's threads abort the process otherwise
 
 
 def run_partitions(partitions, microbatches, micro_batch, iters=4, warmup=2, stages=2,

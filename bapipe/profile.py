@@ -6,7 +6,6 @@ because the last pipeline stage computes it. Stashed bytes are what autograd sav
 (parameters excluded), counted once per storage.
 """
 import json
-import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -88,13 +87,13 @@ def _detach_for_grad(value):
     return type(value)(_detach_for_grad(v) for v in value)
 
 
-def _median_time(fn, repeats):
+def _fastest(fn, repeats):
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)
 
 
 def _stashed_bytes(run_forward, layer):
@@ -140,9 +139,10 @@ def profile_stack(stack: LayerStack, micro_batch: int, repeats: int = 5, threads
             return time.perf_counter() - start
 
         forward_backward()  # warm-up: allocator, kernels, lazy state
-        forward_s = _median_time(forward, repeats)
-        backward_s = statistics.median(forward_backward() for _ in range(repeats))
-        optimizer_s = _median_time(optimizer.step, repeats) if optimizer else 0.0
+        # the fastest of the repeats: on a shared machine, load from elsewhere only ever adds time
+        forward_s = _fastest(forward, repeats)
+        backward_s = min(forward_backward() for _ in range(repeats))
+        optimizer_s = _fastest(optimizer.step, repeats) if optimizer else 0.0
         activation_bytes, out = _stashed_bytes(forward, layer)
         with torch.no_grad():
             x = layer(x)

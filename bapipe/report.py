@@ -19,6 +19,7 @@ def prediction_vs_reality(cluster_path, microbatches=8, micro_batch=4, iters=5, 
     in turn, and print predicted against measured iteration times."""
     from .pipeline_run import run_partitions
 
+    load_before = os.getloadavg()[0]   # the machine may be shared: say how busy it was
     with tempfile.TemporaryDirectory() as tmp:
         profile_path = os.path.join(tmp, "gpt-like.json")
         measured = run_partitions(["planned", *methods], microbatches, micro_batch, iters=iters,
@@ -28,25 +29,36 @@ def prediction_vs_reality(cluster_path, microbatches=8, micro_batch=4, iters=5, 
     plans = [optimal_plan(model)] + [baseline_plan(model, m) for m in methods]
     assert plans[0].deepspeed_parts == measured[0]["parts"], "the workers planned another partition"
     rows = []
-    print(f"GPT-like stack, 2 stages, 1F1B, {microbatches} micro-batches of {micro_batch}, "
-          f"{iters} measured iterations (median)")
-    print(f"  {'partition':<11} {'parts':<12} {'predicted ms':>12} {'simulated ms':>12} {'measured ms':>11} {'error':>7}")
+    print(f"GPT-like stack, 2 stages, 1F1B, {microbatches} micro-batches of {micro_batch}, {iters} measured "
+          f"iterations per partition, taken in turn; the profile keeps each layer's fastest run, so the\n"
+          f"prediction is compared with the fastest iteration as well as with the median")
+    print(f"  {'partition':<11} {'parts':<12} {'predicted ms':>12} {'simulated ms':>12} {'fastest ms':>10} "
+          f"{'median ms':>10} {'err fastest':>11} {'err median':>10}")
     for plan, run in zip(plans, measured):
         sim = simulate(plan)
-        error = plan.iteration_s / run["iteration_s"] - 1
+        fastest = min(run["iterations_s"])
         rows.append({"partition": plan.label, "parts": plan.deepspeed_parts, "predicted_s": plan.iteration_s,
-                     "simulated_s": sim.iteration_s, "measured_s": run["iteration_s"],
-                     "measured_all_s": run["iterations_s"], "error": error, "loss": run["loss"]})
+                     "simulated_s": sim.iteration_s, "measured_median_s": run["iteration_s"],
+                     "measured_fastest_s": fastest, "measured_all_s": run["iterations_s"],
+                     "error_vs_fastest": plan.iteration_s / fastest - 1,
+                     "error_vs_median": plan.iteration_s / run["iteration_s"] - 1, "loss": run["loss"]})
+        r = rows[-1]
         print(f"  {plan.label:<11} {str(plan.deepspeed_parts):<12} {plan.iteration_s * 1e3:12.1f} "
-              f"{sim.iteration_s * 1e3:12.1f} {run['iteration_s'] * 1e3:11.1f} {error:+7.1%}")
-    planned = rows[0]["measured_s"]
-    fastest = all(planned <= r["measured_s"] for r in rows[1:])
+              f"{sim.iteration_s * 1e3:12.1f} {fastest * 1e3:10.1f} {run['iteration_s'] * 1e3:10.1f} "
+              f"{r['error_vs_fastest']:+11.1%} {r['error_vs_median']:+10.1%}")
+    load_after = os.getloadavg()[0]
+    print(f"  load average (1 min) on this {os.cpu_count()}-core machine: {load_before:.1f} before, "
+          f"{load_after:.1f} after; above {os.cpu_count()} other work shared the cores")
+    planned = rows[0]
+    fastest = all(planned["measured_median_s"] <= r["measured_median_s"] for r in rows[1:])
     for r in rows[1:]:
-        print(f"  planned vs {r['partition']}: measured speed-up {r['measured_s'] / planned:.2f}x, "
-              f"predicted {r['predicted_s'] / rows[0]['predicted_s']:.2f}x")
-    print(f"  planned partition at least as fast as {', '.join(methods)}: {'yes' if fastest else 'NO'}")
-    result = {"rows": rows, "planned_at_least_as_fast": fastest,
-              "max_abs_error": max(abs(r["error"]) for r in rows)}
+        print(f"  planned vs {r['partition']}: measured speed-up {r['measured_median_s'] / planned['measured_median_s']:.2f}x "
+              f"(median), {r['measured_fastest_s'] / planned['measured_fastest_s']:.2f}x (fastest); "
+              f"predicted {r['predicted_s'] / planned['predicted_s']:.2f}x")
+    print(f"  planned partition at least as fast as {', '.join(methods)} (median): {'yes' if fastest else 'NO'}")
+    result = {"rows": rows, "planned_at_least_as_fast": fastest, "load_average": [load_before, load_after],
+              "max_abs_error_vs_fastest": max(abs(r["error_vs_fastest"]) for r in rows),
+              "max_abs_error_vs_median": max(abs(r["error_vs_median"]) for r in rows)}
     if out:
         with open(out, "w") as f:
             json.dump(result, f, indent=1)
