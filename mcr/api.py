@@ -14,12 +14,26 @@ import torch.distributed as dist
 from . import config as config_mod
 from . import env as launch_env
 from .handle import Handle
-from .ops import ReduceOp
+from .ops import REDUCE_OPS, ReduceOp
 from .runtime import Runtime
 
 _runtime: Runtime | None = None
-_AVG = ReduceOp.AVG
 _SUM = ReduceOp.SUM
+# Reduce ops travel as names: hashing or comparing torch's ReduceOp costs about 0.3-1 µs each,
+# a lookup by identity of the (singleton) enum values costs nothing.
+_OP_NAME_BY_ID = {id(op): name for name, op in REDUCE_OPS.items()}
+
+
+def _op_name(op) -> str:
+    name = _OP_NAME_BY_ID.get(id(op))
+    if name is not None:
+        return name
+    if isinstance(op, str) and op.lower() in REDUCE_OPS:
+        return op.lower()
+    for name, known in REDUCE_OPS.items():
+        if op == known:
+            return name
+    raise ValueError(f"unsupported reduce op {op!r}; use one of ReduceOp.{', ReduceOp.'.join(n.upper() for n in REDUCE_OPS)}")
 
 
 # --- lifecycle ---------------------------------------------------------------------------------
@@ -119,12 +133,17 @@ def _group(group):
 
 
 def _average(name, tensor, op, group_size):
-    """AVG = SUM then divide; returns the op to run and the divide to apply afterwards."""
-    if op != _AVG:
+    """Returns the reduce op's name to run and what to apply afterwards: AVG is SUM then divide."""
+    op = _OP_NAME_BY_ID.get(id(op)) or _op_name(op)
+    if op != "avg":
         return op, None
     if not tensor.dtype.is_floating_point:
         raise TypeError(f"mcr.{name}: ReduceOp.AVG needs a floating-point tensor, got {tensor.dtype}; use SUM")
-    return _SUM, lambda t=tensor: t.div_(group_size)
+    return "sum", lambda t=tensor: t.div_(group_size)
+
+
+def _device(tensor) -> str:
+    return "cuda" if tensor.is_cuda else "cpu"
 
 
 def _finish(result, async_op, after):
@@ -144,8 +163,8 @@ def all_reduce(tensor, op=_SUM, group=None, async_op=False, backend=None):
     if not tensor.is_contiguous():
         _check("all_reduce", tensor)
     nbytes = tensor.nbytes
-    op, after = _average("all_reduce", tensor, op, g.size) if op == _AVG else (op, None)
-    b, chunk = rt.choose("all_reduce", nbytes, g, tensor.dtype, tensor.device.type, backend, op)
+    op, after = _average("all_reduce", tensor, op, g.size)
+    b, chunk = rt.choose("all_reduce", nbytes, g, tensor.dtype, _device(tensor), backend, op)
     if chunk and nbytes > chunk:
         return _finish(_chunked_all_reduce(rt, b, g, tensor, op, chunk, async_op), async_op, after)
     result = rt.run("all_reduce", b, g, nbytes, async_op, b.all_reduce, g.comms[b.name], tensor, op, async_op)
@@ -174,7 +193,7 @@ def reduce(tensor, dst, op=_SUM, group=None, async_op=False, backend=None):
     root = g.group_rank(dst)
     if root != g.rank:
         after = None
-    b, _ = rt.choose("reduce", tensor.nbytes, g, tensor.dtype, tensor.device.type, backend, op)
+    b, _ = rt.choose("reduce", tensor.nbytes, g, tensor.dtype, _device(tensor), backend, op)
     result = rt.run("reduce", b, g, tensor.nbytes, async_op, b.reduce, g.comms[b.name], tensor, root, op, async_op)
     return _finish(result, async_op, after)
 
@@ -182,7 +201,7 @@ def reduce(tensor, dst, op=_SUM, group=None, async_op=False, backend=None):
 def broadcast(tensor, src, group=None, async_op=False, backend=None):
     rt, g = runtime(), _group(group)
     _check("broadcast", tensor)
-    b, _ = rt.choose("broadcast", tensor.nbytes, g, tensor.dtype, tensor.device.type, backend)
+    b, _ = rt.choose("broadcast", tensor.nbytes, g, tensor.dtype, _device(tensor), backend)
     return rt.run("broadcast", b, g, tensor.nbytes, async_op, b.broadcast, g.comms[b.name], tensor, g.group_rank(src), async_op)
 
 
@@ -192,7 +211,7 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, backend=None):
     _list_len("all_gather", "tensor_list", tensor_list, g.size)
     _same_dtype("all_gather", tensor, tensor_list)
     nbytes = tensor.nbytes * g.size
-    b, _ = rt.choose("all_gather", nbytes, g, tensor.dtype, tensor.device.type, backend)
+    b, _ = rt.choose("all_gather", nbytes, g, tensor.dtype, _device(tensor), backend)
     return rt.run("all_gather", b, g, nbytes, async_op, b.all_gather, g.comms[b.name], tensor_list, tensor, async_op)
 
 
@@ -206,7 +225,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
             f"{g.size} x {input_tensor.numel()} (group size x input)"
         )
     nbytes = output_tensor.nbytes
-    b, _ = rt.choose("all_gather", nbytes, g, input_tensor.dtype, input_tensor.device.type, backend)
+    b, _ = rt.choose("all_gather", nbytes, g, input_tensor.dtype, _device(input_tensor), backend)
     return rt.run("all_gather", b, g, nbytes, async_op, b.all_gather_into_tensor, g.comms[b.name], output_tensor, input_tensor, async_op)
 
 
@@ -223,7 +242,7 @@ def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, backend=
     else:
         gather_list = None
     nbytes = tensor.nbytes * g.size
-    b, _ = rt.choose("gather", nbytes, g, tensor.dtype, tensor.device.type, backend)
+    b, _ = rt.choose("gather", nbytes, g, tensor.dtype, _device(tensor), backend)
     return rt.run("gather", b, g, nbytes, async_op, b.gather, g.comms[b.name], tensor, gather_list, root, async_op)
 
 
@@ -240,7 +259,7 @@ def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, backen
     else:
         scatter_list = None
     nbytes = tensor.nbytes * g.size
-    b, _ = rt.choose("scatter", nbytes, g, tensor.dtype, tensor.device.type, backend)
+    b, _ = rt.choose("scatter", nbytes, g, tensor.dtype, _device(tensor), backend)
     return rt.run("scatter", b, g, nbytes, async_op, b.scatter, g.comms[b.name], tensor, scatter_list, root, async_op)
 
 
@@ -251,7 +270,7 @@ def reduce_scatter(output, input_list, op=_SUM, group=None, async_op=False, back
     _same_dtype("reduce_scatter", output, input_list)
     op, after = _average("reduce_scatter", output, op, g.size)
     nbytes = output.nbytes * g.size
-    b, _ = rt.choose("reduce_scatter", nbytes, g, output.dtype, output.device.type, backend, op)
+    b, _ = rt.choose("reduce_scatter", nbytes, g, output.dtype, _device(output), backend, op)
     result = rt.run("reduce_scatter", b, g, nbytes, async_op, b.reduce_scatter, g.comms[b.name], output, input_list, op, async_op)
     return _finish(result, async_op, after)
 
@@ -266,7 +285,7 @@ def reduce_scatter_tensor(output, input, op=_SUM, group=None, async_op=False, ba
             f"{g.size} x {output.numel()} (group size x output)"
         )
     op, after = _average("reduce_scatter_tensor", output, op, g.size)
-    b, _ = rt.choose("reduce_scatter", input.nbytes, g, input.dtype, input.device.type, backend, op)
+    b, _ = rt.choose("reduce_scatter", input.nbytes, g, input.dtype, _device(input), backend, op)
     result = rt.run("reduce_scatter", b, g, input.nbytes, async_op, b.reduce_scatter_tensor, g.comms[b.name], output, input, op, async_op)
     return _finish(result, async_op, after)
 
@@ -280,7 +299,7 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
     nbytes = input.nbytes
     if input_split_sizes or output_split_sizes:
         nbytes = rt.agreed_bytes("all_to_all", g, nbytes)  # uneven: local sizes differ by rank
-    b, _ = rt.choose("all_to_all", nbytes, g, input.dtype, input.device.type, backend)
+    b, _ = rt.choose("all_to_all", nbytes, g, input.dtype, _device(input), backend)
     return rt.run(
         "all_to_all", b, g, nbytes, async_op, b.all_to_all_single, g.comms[b.name], output, input,
         list(output_split_sizes) if output_split_sizes else None,
@@ -313,7 +332,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     if len({t.numel() for t in input_tensor_list}) > 1 or len({t.numel() for t in output_tensor_list}) > 1:
         nbytes = rt.agreed_bytes("all_to_all", g, nbytes)  # uneven: local sizes differ by rank
     t0 = input_tensor_list[0]
-    b, _ = rt.choose("all_to_all", nbytes, g, t0.dtype, t0.device.type, backend)
+    b, _ = rt.choose("all_to_all", nbytes, g, t0.dtype, _device(t0), backend)
     return rt.run("all_to_all", b, g, nbytes, async_op, b.all_to_all, g.comms[b.name], output_tensor_list, input_tensor_list, async_op)
 
 
@@ -330,7 +349,7 @@ def _p2p(name, method, tensor, peer, group, tag, async_op, backend):
     _check(name, tensor)
     if peer is None:
         raise ValueError(f"mcr.{name}: pass the peer rank (receiving from any source is not supported)")
-    b, _ = rt.choose("send_recv", tensor.nbytes, g, tensor.dtype, tensor.device.type, backend)
+    b, _ = rt.choose("send_recv", tensor.nbytes, g, tensor.dtype, _device(tensor), backend)
     return rt.run("send_recv", b, g, tensor.nbytes, async_op, getattr(b, method), g.comms[b.name], tensor, g.group_rank(peer), tag, async_op)
 
 

@@ -25,6 +25,7 @@ import socket
 import sys
 import time
 from datetime import timedelta
+from threading import get_ident
 
 import torch
 import torch.distributed as dist
@@ -36,7 +37,7 @@ from .backends.torch_dist import GlooBackend, NcclBackend
 from .commlog import CommLog
 from .config import RuntimeConfig
 from .group import Group
-from .ops import REDUCE_OPS, dtype_name
+from .ops import dtype_name
 from .tuning.table import Choice, TuningTable
 from .watchdog import Watchdog
 
@@ -45,7 +46,6 @@ log = logging.getLogger("mcr")
 # Built-in preference when neither an override, a table nor a default backend decides:
 # measured on CPU, MPI beats gloo at every size; on GPU nccl is the reference.
 BUILTIN_ORDER = {"cpu": ("mpi", "gloo"), "cuda": ("nccl", "mpi", "gloo")}
-_REDUCE_OP_NAMES = {v: k for k, v in REDUCE_OPS.items()}
 
 
 class CommError(RuntimeError):
@@ -72,6 +72,7 @@ class Runtime:
         self.table = self._load_table(cfg)
         self.comm_log = CommLog() if cfg.comm_log else None
         self.watchdog = Watchdog(info.rank, cfg.watchdog_timeout_s) if cfg.watchdog_timeout_s > 0 else None
+        self._waits = self.watchdog.waits if self.watchdog is not None else None
         self._choices = {}
         self._warned = set()
         if self.world_size > 1:
@@ -221,7 +222,7 @@ class Runtime:
                     if name not in self.backends:
                         problem = f"is unavailable ({self.unavailable.get(name, 'unknown backend')})"
                     else:
-                        op_name = f" {_REDUCE_OP_NAMES.get(reduce_op, reduce_op)}" if reduce_op is not None else ""
+                        op_name = f" {reduce_op}" if reduce_op is not None else ""
                         problem = f"cannot run {family}{op_name} on {device_type} {dtype_name(dtype)} tensors"
                     log.warning("mcr: %s (%s) %s; using %s for %s", name, why, problem, candidate, family)
                 self._warned.add(key)
@@ -235,42 +236,55 @@ class Runtime:
         if self.table is None or not self.table.depends_on_size(family, group.size):
             return nbytes
         size = torch.tensor([nbytes], dtype=torch.int64)
-        backend, _ = self.choose("all_reduce", 8, group, torch.int64, "cpu", None, dist.ReduceOp.MAX)
-        self.run("all_reduce", backend, group, 8, False, backend.all_reduce, group.comms[backend.name], size, dist.ReduceOp.MAX, False)
+        backend, _ = self.choose("all_reduce", 8, group, torch.int64, "cpu", None, "max")
+        self.run("all_reduce", backend, group, 8, False, backend.all_reduce, group.comms[backend.name], size, "max", False)
         return int(size.item())
 
     # --- step 3 and 4: run, watch and account --------------------------------------------------
     def run(self, family, backend, group, nbytes, async_op, fn, *args):
-        watchdog, comm_log = self.watchdog, self.comm_log
+        if async_op:
+            return self._run_async(family, backend, group, nbytes, fn, args)
+        # the hot path: a 4-byte all-reduce on MPI costs about 1 µs, so every step here counts
+        waits, comm_log = self._waits, self.comm_log
+        if comm_log is not None:
+            started = time.perf_counter()
+        if waits is not None:
+            thread = get_ident()
+            waits[thread] = (family, backend.name, nbytes, group.size)
+        try:
+            fn(*args)
+        except Exception as exc:
+            raise self._error((family, backend.name, nbytes, group.size), group, exc) from exc
+        finally:
+            if waits is not None:
+                del waits[thread]
+        if comm_log is not None:
+            comm_log.record(family, backend.name, nbytes, group.size, time.perf_counter() - started)
+
+    def _run_async(self, family, backend, group, nbytes, fn, args):
         what = (family, backend.name, nbytes, group.size)
         started = time.perf_counter()
-        token = watchdog.begin(what) if watchdog is not None and not async_op else None
         try:
             handle = fn(*args)
         except Exception as exc:
             raise self._error(what, group, exc) from exc
-        finally:
-            if token is not None:
-                watchdog.end(token)
-        if not async_op:
-            if comm_log is not None:
-                comm_log.record(family, backend.name, nbytes, group.size, time.perf_counter() - started)
-            return None
         return self._watched(handle, what, group, started)
 
     def _watched(self, handle, what, group, started):
         inner_wait = handle._wait
-        watchdog, comm_log = self.watchdog, self.comm_log
+        waits, comm_log = self._waits, self.comm_log
 
         def wait():
-            token = watchdog.begin(what) if watchdog is not None else None
+            if waits is not None:
+                thread = get_ident()
+                waits[thread] = what
             try:
                 inner_wait()
             except Exception as exc:
                 raise self._error(what, group, exc) from exc
             finally:
-                if token is not None:
-                    watchdog.end(token)
+                if waits is not None:
+                    waits.pop(thread, None)
 
         handle._wait = wait
         if comm_log is not None:

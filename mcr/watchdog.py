@@ -6,7 +6,6 @@ waited longer than the timeout, prints the culprit and ends the process. The lau
 """
 from __future__ import annotations
 
-import itertools
 import os
 import sys
 import threading
@@ -16,38 +15,42 @@ EXIT_CODE = 86  # distinct, so a test can tell a watchdog stop from a crash
 
 
 class Watchdog:
+    """`waits` maps a thread to the (op, backend, nbytes, group_size) it is blocked in. The
+    caller only stores and deletes that tuple (cheap: no clock reads on the hot path); this
+    thread notes when it first saw each tuple and times it from there, to within a period."""
+
     def __init__(self, rank: int, timeout_s: float):
         self.rank = rank
         self.timeout_s = timeout_s
-        self._waits = {}  # token -> (what, started)
-        self._tokens = itertools.count()
+        self.waits = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="mcr-watchdog", daemon=True)
         self._thread.start()
-
-    def begin(self, what) -> int:
-        """`what` is a tuple (op, backend, nbytes, group_size), formatted only on a hang."""
-        token = next(self._tokens)
-        self._waits[token] = (what, time.monotonic())
-        return token
-
-    def end(self, token: int) -> None:
-        self._waits.pop(token, None)
 
     def stop(self) -> None:
         self._stop.set()
 
     def _watch(self):
-        while not self._stop.wait(min(1.0, self.timeout_s / 4)):
+        first_seen = {}  # id(what) -> (what, time): holding `what` keeps its id unique
+        period = min(1.0, self.timeout_s / 4)
+        while not self._stop.wait(period):
             now = time.monotonic()
-            for what, started in list(self._waits.values()):
-                if now - started > self.timeout_s:
-                    op, backend, nbytes, group_size = what
-                    sys.stderr.write(
-                        f"mcr watchdog: rank {self.rank} has waited {now - started:.1f} s in {op} "
-                        f"on backend {backend} ({nbytes} bytes, group of {group_size} ranks). Another rank "
-                        f"probably died or issued a different op; ending this job (MCR_WATCHDOG_TIMEOUT="
-                        f"{self.timeout_s:g}).\n"
-                    )
-                    sys.stderr.flush()
-                    os._exit(EXIT_CODE)
+            seen = {}
+            for what in list(self.waits.values()):
+                earlier = first_seen.get(id(what))
+                seen[id(what)] = earlier if earlier is not None and earlier[0] is what else (what, now)
+                waited = now - seen[id(what)][1]
+                if waited > self.timeout_s:
+                    self._fire(what, waited)
+            first_seen = seen
+
+    def _fire(self, what, waited):
+        op, backend, nbytes, group_size = what
+        sys.stderr.write(
+            f"mcr watchdog: rank {self.rank} has waited {waited:.1f} s in {op} "
+            f"on backend {backend} ({nbytes} bytes, group of {group_size} ranks). Another rank "
+            f"probably died or issued a different op; ending this job (MCR_WATCHDOG_TIMEOUT="
+            f"{self.timeout_s:g}).\n"
+        )
+        sys.stderr.flush()
+        os._exit(EXIT_CODE)

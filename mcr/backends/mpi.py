@@ -12,7 +12,6 @@ import functools
 import os
 
 import torch
-import torch.distributed as dist
 
 from ..handle import from_mpi_request
 from .base import Backend, BackendUnavailable
@@ -90,6 +89,7 @@ def _staged_through_host(method):
             return None
         return handle.then(copy_back)
 
+    run._stages_through_host = True
     return run
 
 
@@ -115,11 +115,19 @@ class MPIBackend(Backend):
             torch.int8: MPI.INT8_T,
             torch.uint8: MPI.UINT8_T,
         }
-        R = dist.ReduceOp
-        self._ops = {R.SUM: MPI.SUM, R.PRODUCT: MPI.PROD, R.MIN: MPI.MIN, R.MAX: MPI.MAX}
+        self._ops = {"sum": MPI.SUM, "product": MPI.PROD, "min": MPI.MIN, "max": MPI.MAX}
         self._mem = MPI.memory.fromaddress
         self._byte = MPI.BYTE
         self._in_place = MPI.IN_PLACE
+        if self.cuda_aware or not torch.cuda.is_available():
+            self._skip_staging()
+
+    def _skip_staging(self):
+        """Where MPI reads every tensor it can get, bind the ops without the staging wrapper."""
+        for name in dir(type(self)):
+            method = getattr(type(self), name)
+            if getattr(method, "_stages_through_host", False):
+                setattr(self, name, method.__wrapped__.__get__(self))
 
     def version(self) -> str:
         return self.MPI.Get_library_version().splitlines()[0].split(",")[0].strip()

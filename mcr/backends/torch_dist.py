@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ..handle import from_torch_work
+from ..ops import REDUCE_OPS
 from .base import Backend, BackendUnavailable
 
 
@@ -49,7 +50,7 @@ class TorchDistBackend(Backend):
         opts = self._allreduce_opts.get(op)
         if opts is None:
             opts = self._allreduce_opts[op] = dist.AllreduceOptions()
-            opts.reduceOp = op
+            opts.reduceOp = REDUCE_OPS[op]
         return opts
 
     def all_reduce(self, g, tensor, op, async_op):
@@ -57,7 +58,7 @@ class TorchDistBackend(Backend):
 
     def reduce(self, g, tensor, dst, op, async_op):
         opts = dist.ReduceOptions()
-        opts.reduceOp, opts.rootRank, opts.rootTensor = op, dst, 0
+        opts.reduceOp, opts.rootRank, opts.rootTensor = REDUCE_OPS[op], dst, 0
         return self._finish(g.reduce([tensor], opts), async_op)
 
     def broadcast(self, g, tensor, src, async_op):
@@ -87,7 +88,7 @@ class TorchDistBackend(Backend):
         opts = self._reduce_scatter_opts.get(op)
         if opts is None:
             opts = self._reduce_scatter_opts[op] = dist.ReduceScatterOptions()
-            opts.reduceOp = op
+            opts.reduceOp = REDUCE_OPS[op]
         return opts
 
     def reduce_scatter(self, g, output, input_list, op, async_op):
