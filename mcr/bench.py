@@ -17,7 +17,7 @@ import torch
 
 from . import api
 from .commlog import human_bytes
-from .measure import MEASURABLE_OPS, iterations_for, slowest, time_call, time_op
+from .measure import MEASURABLE_OPS, compare, iterations_for, slowest, time_call
 from .ops import bus_factor
 from .tuning.candidates import short_bytes
 
@@ -40,17 +40,18 @@ def sizes_between(low: int, high: int) -> list:
     return sizes
 
 
-def sweep(ops, backends, sizes, dtype, iters=None):
-    """Rows of {op, bytes, <backend>: seconds, auto, auto_backend}; identical on every rank."""
+def sweep(ops, backends, sizes, dtype, iters=None, rounds=3):
+    """Rows of {op, bytes, <backend>: seconds, auto, auto_backend}; identical on every rank.
+    The backends of one size are timed in interleaved rounds (`measure.compare`)."""
     rt = api.runtime()
     n = rt.world_size
     rows = []
     for op in ops:
         for size in sizes:
             row = {"op": op}
-            for name in backends:
-                seconds, actual = time_op(op, size, None if name == "auto" else name, dtype, iters=iters)
-                row[name] = seconds
+            timed = [(None if name == "auto" else name, 0) for name in backends]
+            seconds, actual = compare(op, size, timed, dtype, iters=iters, rounds=rounds)
+            row.update(zip(backends, seconds))
             row["bytes"] = actual
             if "auto" in backends:
                 chosen, chunk = rt.choose(op, actual, rt.world, dtype, "cpu")
@@ -121,6 +122,7 @@ def main(argv=None) -> int:
     parser.add_argument("--max-bytes", default="64M")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--iters", type=int, default=None, help="iterations per point (default: scaled by size)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per point; each backend keeps its best")
     parser.add_argument("--tuning", default=None, help="tuning table for the auto choice (else MCR_TUNING_FILE)")
     parser.add_argument("--no-overhead", action="store_true", help="skip the overhead measurement")
     parser.add_argument("--json", default=None, help="also write the rows here (rank 0)")
@@ -140,7 +142,7 @@ def main(argv=None) -> int:
             parser.error(f"backend {name!r} is unavailable here: {rt.unavailable.get(name, 'unknown backend')}")
     dtype = getattr(torch, args.dtype)
     sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes))
-    rows = sweep(ops, backends, sizes, dtype, args.iters)
+    rows = sweep(ops, backends, sizes, dtype, args.iters, args.rounds)
     text = format_table(rows, backends)
     over_text, over = ("", {}) if args.no_overhead else overhead()
     if rt.rank == 0:

@@ -24,7 +24,7 @@ import torch
 
 from . import api
 from .bench import DEFAULT_OPS
-from .measure import MEASURABLE_OPS, iterations_for, time_op
+from .measure import MEASURABLE_OPS, compare
 from .runtime import BUILTIN_ORDER
 from .tuning import candidates as cands
 from .tuning.fingerprint import fingerprint
@@ -57,22 +57,16 @@ def model_sizes(path: str) -> dict:
     return out
 
 
-def measure_point(op, size, choices, dtype, group, iters, warmup):
+def measure_point(op, size, choices, dtype, group, iters, warmup, rounds):
     """(actual bytes, {label: µs or None}) for every candidate at one requested size."""
-    row, actual = {}, None
-    for c in choices:
-        lab = cands.label(c)
-        if not cands.applies(c, size):
-            row[lab] = None
-            continue
-        n = iters or iterations_for(size)
-        seconds, nbytes = time_op(op, size, c.backend, dtype, group, n, min(warmup, n), c.chunk_bytes)
-        row[lab] = round(seconds * 1e6, 3)
-        actual = nbytes if actual is None else actual
+    live = [c for c in choices if cands.applies(c, size)]
+    seconds, actual = compare(op, size, [(c.backend, c.chunk_bytes) for c in live], dtype, group, iters, warmup, rounds)
+    row = {cands.label(c): None for c in choices}
+    row.update({cands.label(c): round(t * 1e6, 3) for c, t in zip(live, seconds)})
     return actual, row
 
 
-def measure_curve(op, sizes, choices, dtype, group, iters, warmup, margin, log) -> Curve:
+def measure_curve(op, sizes, choices, dtype, group, iters, warmup, rounds, margin, log) -> Curve:
     """One op at one group size: every candidate at every size (only on the group's ranks).
     Where the winner changes, both sizes around the change are measured again and each
     candidate keeps its faster median (noise only ever adds time), so a flip must hold twice."""
@@ -80,7 +74,7 @@ def measure_curve(op, sizes, choices, dtype, group, iters, warmup, margin, log) 
     requested, measured, latency = [], [], {lab: [] for lab in labels}
     started = time.perf_counter()
     for size in sizes:
-        actual, row = measure_point(op, size, choices, dtype, group, iters, warmup)
+        actual, row = measure_point(op, size, choices, dtype, group, iters, warmup, rounds)
         if actual in measured:  # the op rounded two requested sizes to the same message
             continue
         requested.append(size)
@@ -91,7 +85,7 @@ def measure_curve(op, sizes, choices, dtype, group, iters, warmup, margin, log) 
     wins = winners(curve, margin, labels)
     again = sorted({j for i in range(1, len(wins)) if wins[i] != wins[i - 1] for j in (i - 1, i)})
     for i in again:
-        _, row = measure_point(op, requested[i], choices, dtype, group, iters, warmup)
+        _, row = measure_point(op, requested[i], choices, dtype, group, iters, warmup, rounds)
         for lab in labels:
             old, new = latency[lab][i], row[lab]
             latency[lab][i] = old if new is None else new if old is None else min(old, new)
@@ -139,6 +133,7 @@ def parse_args(argv):
     p.add_argument("--group-sizes", default=None, help="comma list of group sizes to tune (default: the world)")
     p.add_argument("--iters", type=int, default=None, help="iterations per point (default: scaled by size)")
     p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per size; each candidate keeps its best")
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help="fraction a candidate must win by to take over")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--out", default=DEFAULT_OUT, help="table path; {host}, {world} and {rank} are filled in")
@@ -203,7 +198,7 @@ def main(argv=None) -> int:
             for op in ops:
                 choices = cands.for_op(op, preferred, chunks)
                 sizes = sorted(set(base) | extra | used.get(op, set()))
-                curves.append(measure_curve(op, sizes, choices, dtype, group, args.iters, args.warmup, args.margin, log))
+                curves.append(measure_curve(op, sizes, choices, dtype, group, args.iters, args.warmup, args.rounds, args.margin, log))
         api.barrier()
     if group_sizes != [world]:
         curves = share_from_rank0(curves)

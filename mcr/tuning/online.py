@@ -1,7 +1,7 @@
 """Online tuning (`tuning: auto`): learn the table while the job runs.
 
 The first time a group meets an (op, dtype, power-of-two size bucket), every candidate is timed
-right there on scratch buffers of the size met, a few iterations each. The timings are agreed
+right there on scratch buffers of the size met, a few iterations in two interleaved rounds. The timings are agreed
 across the group (the slowest rank's median, `mcr.measure.slowest`), so every rank picks the
 same winner, and the group sticks to it for that bucket from then on.
 
@@ -36,12 +36,12 @@ def bucket(nbytes: int) -> tuple:
 class OnlineTuner:
     online = True
 
-    def __init__(self, rt, order, save_path=None, margin=DEFAULT_MARGIN, iters=20, warmup=2, chunks=(1 << 20,)):
+    def __init__(self, rt, order, save_path=None, margin=DEFAULT_MARGIN, iters=20, warmup=2, rounds=2, chunks=(1 << 20,)):
         self.rt = rt
         self.order = tuple(order)  # preferred backends first: the incumbent each candidate must beat
         self.save_path = save_path
         self.path = save_path or "learned online (tuning: auto)"  # named in the runtime's log lines
-        self.margin, self.iters, self.warmup, self.chunks = margin, iters, warmup, tuple(chunks)
+        self.margin, self.iters, self.warmup, self.rounds, self.chunks = margin, iters, warmup, rounds, tuple(chunks)
         self.decisions = {}  # (gid, op, dtype, low) -> (group_size, high, Choice, latency_us, nbytes)
         self.measured = 0  # how many buckets were measured (a test reads it)
         self._busy = False
@@ -83,10 +83,9 @@ class OnlineTuner:
         self._busy = True
         try:
             iters = min(self.iters, measure.iterations_for(nbytes))
-            out = {}
-            for c in candidates:
-                seconds, _ = measure.time_op(family, nbytes, c.backend, dtype, group, iters, self.warmup, c.chunk_bytes)
-                out[label(c)] = round(seconds * 1e6, 3)
+            timed = [(c.backend, c.chunk_bytes) for c in candidates]
+            seconds, _ = measure.compare(family, nbytes, timed, dtype, group, iters, self.warmup, self.rounds)
+            out = {label(c): round(t * 1e6, 3) for c, t in zip(candidates, seconds)}
         finally:
             self._busy = False
             rt.comm_log = saved_log

@@ -24,3 +24,14 @@ def test_online_tuning_agrees_across_ranks_sticks_and_saves(tmp_path):
         op, low = key.split("@")
         choice = saved.lookup(op, max(int(low), 16), 2, "float32")
         assert choice is not None and (choice.backend, choice.chunk_bytes) == (backend, chunk), (key, choice)
+
+
+def test_online_tuning_inside_random_interleaved_sync_and_async_ops_neither_hangs_nor_corrupts(tmp_path):
+    # the core's seeded stress job (every result checked; the watchdog turns a hang into a
+    # failure) with the runtime's own choices learned online while async ops are in flight
+    stress = os.path.join(os.path.dirname(SCRIPTS), "..", "mcr", "scripts", "stress.py")
+    save = tmp_path / "learned.yaml"
+    env = {"MCR_TUNING_FILE": "auto", "MCR_TUNING_SAVE": str(save), "MCR_WATCHDOG_TIMEOUT": "120"}
+    run_script(2, os.path.abspath(stress), 80, 11, env=env).check()
+    learned = TuningTable.load(str(save))
+    assert learned.entries and all(len(e.latency_us) >= 2 for e in learned.entries), learned.entries

@@ -7,7 +7,7 @@ from tests.ranks import run_ranks, run_script
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 # small and quick: 3 ops, 16 B .. 2 MiB, a 512 KiB chunk candidate that applies from 1 MiB on
 TUNE = ["-m", "mcr.tune", "--ops", "all_reduce,all_to_all,send_recv", "--min-bytes", "16", "--max-bytes", "2M",
-        "--chunks", "512K", "--iters", "6", "--warmup", "2"]
+        "--chunks", "512K", "--iters", "6", "--warmup", "2", "--rounds", "2"]
 
 
 def test_tune_writes_an_identical_table_on_every_rank_and_the_runtime_follows_it(tmp_path):

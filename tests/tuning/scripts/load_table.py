@@ -1,5 +1,8 @@
 """Start the runtime with the table in MCR_TUNING_FILE and print the choice for all_reduce at
-1 KiB and 8 MiB, or the error that refused the table. Usage: load_table.py [predict]"""
+1 KiB and 8 MiB, or the error that refused the table. Usage: load_table.py refuse|predict
+
+`refuse` starts MPI only and meets the peer in an MPI barrier before exiting: a rank that
+refused first must not tear down connections a peer is still opening."""
 import sys
 
 import torch
@@ -7,10 +10,14 @@ import torch
 import mcr
 from mcr.tuning.table import TuningTableError
 
+mode = sys.argv[1]
 try:
-    rt = mcr.init(tuning_predict=sys.argv[1:] == ["predict"])
+    rt = mcr.init(tuning_predict=mode == "predict", backends="mpi" if mode == "refuse" else "mpi,gloo")
 except TuningTableError as exc:
-    print(f"refused: {exc}", flush=True)
+    from mpi4py import MPI
+
+    MPI.COMM_WORLD.Barrier()
+    print(f"rank {MPI.COMM_WORLD.Get_rank()} refused: {exc}", flush=True)
     raise SystemExit(0)
 for nbytes in (1024, 8 << 20):
     backend, chunk = rt.choose("all_reduce", nbytes, rt.world, torch.float32, "cpu")
