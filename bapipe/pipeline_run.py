@@ -92,21 +92,28 @@ def _worker(args):
         engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
         batch = stack.make_batch(args.micro_batch)
         runs.append({"spec": spec, "engine": engine, "data": iter(lambda: batch, None), "times": [],
-                     "parts": [int(v) for v in module.parts]})
+                     "cpu_times": [], "parts": [int(v) for v in module.parts]})
     # rounds visit every partition in turn, so a burst of load from elsewhere hits them alike
     for step in range(args.warmup + args.iters):
         for run in (r for r in runs if "twin" not in r):
             dist.barrier()
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             run["loss"] = float(run["engine"].train_batch(run["data"]))
             if step >= args.warmup:
                 run["times"].append(time.perf_counter() - start)
+                # CPU time this stage used: what the planner predicts, whatever else shares the cores
+                run["cpu_times"].append(time.process_time() - cpu_start)
+    measured = [r.get("twin", r) for r in runs]
+    with open(f"{args.out}.rank{dist.get_rank()}", "w") as f:
+        json.dump([statistics.median(m["cpu_times"]) for m in measured], f)
+    dist.barrier()
     if dist.get_rank() == 0:
+        cpu = [json.load(open(f"{args.out}.rank{r}")) for r in range(dist.get_world_size())]
         with open(args.out, "w") as f:
-            measured = [r.get("twin", r) for r in runs]
             json.dump([{"partition": r["spec"], "parts": m["parts"], "loss": m["loss"], "shared_with": m["spec"],
-                        "iteration_s": statistics.median(m["times"]), "iterations_s": m["times"]}
-                       for r, m in zip(runs, measured)], f, indent=1)
+                        "iteration_s": statistics.median(m["times"]), "iterations_s": m["times"],
+                        "stage_cpu_s": [cpu[rank][i] for rank in range(len(cpu))]}
+                       for i, (r, m) in enumerate(zip(runs, measured))], f, indent=1)
     dist.barrier()
     torch.distributed.destroy_process_group()   # a clean exit: gloo's threads abort the process otherwise
 

@@ -87,12 +87,12 @@ def _detach_for_grad(value):
     return type(value)(_detach_for_grad(v) for v in value)
 
 
-def _fastest(fn, repeats):
+def _fastest(fn, repeats, clock):
     times = []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         fn()
-        times.append(time.perf_counter() - start)
+        times.append(clock() - start)
     return min(times)
 
 
@@ -117,6 +117,9 @@ def profile_stack(stack: LayerStack, micro_batch: int, repeats: int = 5, threads
     if micro_batch < 1 or repeats < 1:
         raise ValueError("micro_batch and repeats must be at least 1")
     torch.set_num_threads(threads)
+    # With one thread every op, backward included, runs on this thread, so its CPU time is the
+    # time a dedicated core would take, however busy the machine is. More threads: wall time.
+    clock = time.thread_time if threads == 1 else time.perf_counter
     inputs, labels = stack.make_batch(micro_batch)
     last = len(stack.layers) - 1
     result = []
@@ -134,15 +137,15 @@ def profile_stack(stack: LayerStack, micro_batch: int, repeats: int = 5, threads
             out = forward()
             outs = [t for t in _tensors(out) if t.requires_grad]
             grads = [torch.ones_like(t) if t.dim() == 0 else torch.randn_like(t) for t in outs]
-            start = time.perf_counter()
+            start = clock()
             torch.autograd.backward(outs, grads)
-            return time.perf_counter() - start
+            return clock() - start
 
         forward_backward()  # warm-up: allocator, kernels, lazy state
-        # the fastest of the repeats: on a shared machine, load from elsewhere only ever adds time
-        forward_s = _fastest(forward, repeats)
+        # the fastest of the repeats: cache misses and page faults after other work only add time
+        forward_s = _fastest(forward, repeats, clock)
         backward_s = min(forward_backward() for _ in range(repeats))
-        optimizer_s = _fastest(optimizer.step, repeats) if optimizer else 0.0
+        optimizer_s = _fastest(optimizer.step, repeats, clock) if optimizer else 0.0
         activation_bytes, out = _stashed_bytes(forward, layer)
         with torch.no_grad():
             x = layer(x)
@@ -154,4 +157,5 @@ def profile_stack(stack: LayerStack, micro_batch: int, repeats: int = 5, threads
             output_bytes=0 if i == last else sum(t.numel() * t.element_size() for t in _tensors(x)),
             optimizer_s=optimizer_s))
     return Profile(layers=result, model=stack.name, micro_batch=micro_batch,
-                   notes={"threads": threads, "repeats": repeats, "device": "cpu"})
+                   notes={"threads": threads, "repeats": repeats, "device": "cpu",
+                          "clock": "thread CPU time" if threads == 1 else "wall"})

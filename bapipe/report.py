@@ -12,6 +12,11 @@ from .simulate import simulate
 STUDY_CLUSTERS = [f"configs/bapipe/{kind}-{n}.yaml" for kind in ("gpu", "fpga") for n in (4, 8, 16)]
 
 
+def stage_cpu_s(plan):
+    """Compute each stage does per iteration: its forwards, backwards and optimizer step."""
+    return [plan.microbatches * (st.forward_s + st.backward_s) + st.step_s for st in plan.stages]
+
+
 def prediction_vs_reality(cluster_path, microbatches=8, micro_batch=4, iters=5, out=None, model_kwargs=None,
                           methods=("uniform", "parameters")):
     """In a real 2-process DeepSpeed pipeline: profile the GPT-like stack (both processes at once,
@@ -49,6 +54,13 @@ def prediction_vs_reality(cluster_path, microbatches=8, micro_batch=4, iters=5, 
     load_after = os.getloadavg()[0]
     print(f"  load average (1 min) on this {os.cpu_count()}-core machine: {load_before:.1f} before, "
           f"{load_after:.1f} after; above {os.cpu_count()} other work shared the cores")
+    print("  CPU time per stage and iteration (the compute the model predicts, free of other load):")
+    for plan, run, row in zip(plans, measured, rows):
+        row["stage_cpu_predicted_s"] = stage_cpu_s(plan)
+        row["stage_cpu_measured_s"] = run["stage_cpu_s"]
+        pairs = ", ".join(f"stage {s}: {p * 1e3:.0f} vs {m * 1e3:.0f} ms ({p / m - 1:+.0%})"
+                          for s, (p, m) in enumerate(zip(row["stage_cpu_predicted_s"], run["stage_cpu_s"])))
+        print(f"    {plan.label:<11} predicted vs measured {pairs}")
     planned = rows[0]
     fastest = all(planned["measured_median_s"] <= r["measured_median_s"] for r in rows[1:])
     for r in rows[1:]:

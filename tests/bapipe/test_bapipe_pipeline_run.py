@@ -6,8 +6,9 @@ from bapipe.cluster import Cluster
 from bapipe.explore import CostModel, optimal_plan
 from bapipe.pipeline_run import run_partitions
 from bapipe.profile import Profile
+from bapipe.report import stage_cpu_s
 
-SMALL_GPT = dict(vocab=2048, dim=128, heads=4, blocks=4, seq_len=64)
+SMALL_GPT = dict(vocab=4096, dim=256, heads=4, blocks=4, seq_len=128)
 CPU_CLUSTER = "configs/bapipe/cpu-2proc.yaml"
 
 
@@ -24,5 +25,7 @@ def test_planned_partition_trains_in_a_real_deepspeed_pipeline(tmp_path):
     assert uniform["parts"] == [0, 3, 6]
     # the same model and data train the same way whichever way it is cut
     assert planned["loss"] == pytest.approx(uniform["loss"], rel=1e-4)
-    # the prediction is of the right size (timings on a shared machine are noisy: a loose bound)
-    assert 0.5 < plan.iteration_s / planned["iteration_s"] < 2.0
+    # each stage's CPU time per iteration, which other work on the machine does not inflate, is
+    # what the cost model predicts; DeepSpeed's bookkeeping and cache sharing add 10-20% here
+    for predicted, measured in zip(stage_cpu_s(plan), planned["stage_cpu_s"]):
+        assert 0.6 < predicted / measured < 1.4, f"stage CPU predicted {predicted:.3f} s, measured {measured:.3f} s"
