@@ -19,7 +19,6 @@ all-gather, gradient all-reduce, pipeline send/recv) reaches the runtime's per-c
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import torch.distributed as dist
@@ -27,14 +26,17 @@ import torch.distributed as dist
 from .. import api
 from . import torch_backend
 
-# TorchBackend methods that take a `group=`: None (DeepSpeed's "the world") is redirected to
-# the "mcr" world group when torch's default group runs another backend.
-_GROUP_OPS = (
-    "all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "broadcast", "broadcast_object_list",
-    "all_gather", "all_gather_into_tensor", "all_gather_base", "all_gather_coalesced", "all_gather_object",
-    "reduce_scatter_tensor", "all_to_all_single", "all_to_all", "send", "recv", "isend", "irecv", "gather",
-    "scatter", "barrier", "monitored_barrier", "get_rank", "get_world_size",
-)
+# TorchBackend ops and where their `group` sits among the positional arguments (DeepSpeed 0.19;
+# comm.py passes it positionally to all_reduce*). When torch's default group runs another
+# backend, group None (DeepSpeed's "the world") is redirected to the "mcr" world group.
+# Rank and size queries need no redirect: both world groups hold the same ranks.
+_GROUP_ARG = {
+    "all_reduce": 2, "inference_all_reduce": 2, "all_reduce_coalesced": 2, "reduce": 3, "reduce_scatter": 3,
+    "broadcast": 2, "broadcast_object_list": 2, "all_gather": 2, "all_gather_into_tensor": 2, "all_gather_base": 2,
+    "all_gather_coalesced": 2, "all_gather_object": 2, "reduce_scatter_tensor": 3, "all_to_all_single": 4,
+    "all_to_all": 2, "send": 2, "recv": 2, "isend": 2, "irecv": 2, "gather": 3, "scatter": 3, "barrier": 0,
+    "monitored_barrier": 0,
+}
 
 
 def install(config=None):
@@ -53,12 +55,14 @@ def install(config=None):
         torch_backend.init_process_group(config)  # the runtime it starts ends with destroy_process_group()
         world = None
     else:
-        if not api.is_initialized():
+        started = not api.is_initialized()
+        if started:
             api.init(config)
         if dist.get_backend() == torch_backend.BACKEND_NAME:
             world = None
         else:
-            world = dist.new_group(backend=torch_backend.BACKEND_NAME)  # collective: every rank is here
+            with torch_backend.adopting_runtime(started):  # finalized by destroy_process_group()
+                world = dist.new_group(backend=torch_backend.BACKEND_NAME)  # collective: every rank is here
     rt = api.runtime()
     _export_launch_env(rt)
     cdb = backend_class(world)
@@ -98,8 +102,8 @@ def _make_backend_class():
             self.world_pg = world_group  # None: torch's default group is already "mcr"
             self.world_group = world_group or dist.group.WORLD
             if world_group is not None:
-                for name in _GROUP_OPS:
-                    setattr(self, name, _on_world(getattr(self, name), world_group))
+                for name, index in _GROUP_ARG.items():
+                    setattr(self, name, _on_world(getattr(self, name), index, world_group))
 
         def init_process_group(self, *args, **kwargs):
             pass  # install() did
@@ -107,6 +111,12 @@ def _make_backend_class():
         def inference_all_reduce(self, tensor, op, group=None):
             self.all_reduce(tensor, op=op, group=group)
             return tensor
+
+        def batch_isend_irecv(self, p2p_op_list):
+            for op in p2p_op_list:
+                if op.group is None and self.world_pg is not None:
+                    op.group = self.world_pg
+            return TorchBackend.batch_isend_irecv(self, p2p_op_list)
 
         def new_group(self, ranks):
             return dist.new_group(ranks, backend=torch_backend.BACKEND_NAME)
@@ -120,12 +130,14 @@ def _make_backend_class():
     return RuntimeCommBackend
 
 
-def _on_world(method, world):
-    @functools.wraps(method)
-    def call(*args, group=None, **kwargs):
-        if group is None or group is dist.GroupMember.WORLD:
-            group = world
-        return method(*args, group=group, **kwargs)
+def _on_world(method, index, world):
+    def call(*args, **kwargs):
+        if len(args) > index:
+            if args[index] is None or args[index] is dist.GroupMember.WORLD:
+                args = args[:index] + (world,) + args[index + 1 :]
+        elif kwargs.get("group") is None or kwargs["group"] is dist.GroupMember.WORLD:
+            kwargs["group"] = world
+        return method(*args, **kwargs)
 
     return call
 

@@ -25,6 +25,7 @@ group's cpu backend so C++ paths that ask for the device backend directly (monit
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 
@@ -43,7 +44,7 @@ _GLOO = dist.ProcessGroup.BackendType.GLOO
 _NCCL = dist.ProcessGroup.BackendType.NCCL
 _world_epoch = itertools.count()  # distinguishes torch groups across init/destroy cycles
 _epoch = 0
-_adopt_runtime = False  # set by init_process_group(): the runtime it started ends with torch's group
+_adopt_runtime = False  # see adopting_runtime(): the runtime we started ends with torch's group
 
 _all_reduce = api.all_reduce  # bound once: the hot path skips module lookups
 
@@ -278,7 +279,8 @@ def _create(opts, pg_options):
             f"mcr backend: torch's global rank {dist.get_rank()} differs from the runtime's {rt.rank}; "
             "initialize torch.distributed with the launcher's ranks"
         )
-    return RuntimeProcessGroup(opts.store, _member_group(rt, f"{_epoch}/{opts.group_id}", ranks))
+    group = _member_group(rt, f"{_epoch}/{opts.group_id}", ranks)
+    return RuntimeProcessGroup(opts.store, group, owns_runtime=_adopt_runtime)
 
 
 def register() -> None:
@@ -294,15 +296,22 @@ def init_process_group(config=None, timeout=None, **mcr_kwargs) -> None:
     runtime's store, rank and world size: works under mpiexec, srun, jsrun and torchrun."""
     if api.is_initialized() and (config is not None or mcr_kwargs):
         raise ValueError("mcr.hooks.torch_backend.init_process_group: mcr.init() already ran; pass the config there")
-    global _adopt_runtime
     started = not api.is_initialized()
     rt = api.init(config, **mcr_kwargs) if started else api.runtime()
     kwargs = {"timeout": timeout} if timeout is not None else {}
-    _adopt_runtime = started
-    try:
+    with adopting_runtime(started):
         dist.init_process_group(
             BACKEND_NAME, store=dist.PrefixStore("torch/", rt.store), rank=rt.rank, world_size=rt.world_size, **kwargs
         )
+
+
+@contextlib.contextmanager
+def adopting_runtime(adopt: bool = True):
+    """Groups created inside finalize the runtime when torch destroys them (destroy_process_group)."""
+    global _adopt_runtime
+    _adopt_runtime = adopt
+    try:
+        yield
     finally:
         _adopt_runtime = False
 

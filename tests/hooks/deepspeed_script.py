@@ -2,7 +2,8 @@
 
     DS_ACCELERATOR=cpu python -m launch.local -n 2 tests/hooks/deepspeed_script.py mcr|gloo
 
-"gloo": stock `deepspeed.init_distributed("gloo")`. "mcr": `mcr.hooks.deepspeed.install()`.
+"gloo": stock `deepspeed.init_distributed("gloo")`. "mcr": `mcr.hooks.deepspeed.install()` instead
+of it. "after": `deepspeed.init_distributed("gloo")`, then `install()`.
 Every rank prints `LOSSES <model> <rank> <json>`; in mcr mode also `COMMLOG <rank> <json>`
 (the runtime's rows: op family, backend, bytes, count).
 """
@@ -74,12 +75,12 @@ def train(name, model, zero_stage, rank, world):
 
 
 def main(mode):
-    if mode == "mcr":
+    if mode in ("gloo", "after"):
+        deepspeed.init_distributed(dist_backend="gloo")
+    if mode in ("mcr", "after"):
         import mcr.hooks.deepspeed
 
         mcr.hooks.deepspeed.install({"backend": "auto", "comm_log": True})
-    else:
-        deepspeed.init_distributed(dist_backend="gloo")
     rank, world = deepspeed.comm.get_rank(), deepspeed.comm.get_world_size()
     torch.manual_seed(0)
     train("moe", MoENet(), 0, rank, world)
@@ -87,11 +88,12 @@ def main(mode):
     train("zero2", DenseNet(), 2, rank, world)
     torch.manual_seed(0)
     train("zero3", DenseNet(), 3, rank, world)
-    if mode == "mcr":
+    if mode != "gloo":
         import mcr
 
         rows = [[r["op"], r["backend"], r["bytes"], r["count"]] for r in mcr.runtime().comm_log.rows()]
         print(f"COMMLOG {rank} {json.dumps(rows)}", flush=True)
+    torch.distributed.barrier()  # no rank tears gloo down while its peer still talks
     torch.distributed.destroy_process_group()
 
 

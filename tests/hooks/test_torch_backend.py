@@ -1,0 +1,30 @@
+"""The torch.distributed backend "mcr" on 2 real ranks: every op, subgroups, DDP."""
+import torch.distributed as dist
+
+import mcr  # noqa: F401  (registers the backend)
+from tests.hooks.common import assert_same_losses, families, run, tagged
+
+
+def test_import_mcr_registers_the_backend():
+    assert "MCR" in dist.Backend._plugins
+    assert dist.Backend("mcr") == "mcr"
+
+
+def test_every_op_correct_under_mpiexec_through_mpi():
+    out = run("ops_script.py", "helper")
+    assert "OK 0 mpi" in out and "OK 1 mpi" in out, out[-3000:]
+
+
+def test_every_op_correct_under_torchrun_init_process_group_mcr():
+    out = run("ops_script.py", "mcr", launcher="torchrun")
+    assert "OK 0 gloo" in out and "OK 1 gloo" in out, out[-3000:]
+    assert "gives no MPI world" in out  # the runtime says once why MPI is missing
+
+
+def test_ddp_on_mcr_matches_plain_gloo_and_all_reduces_through_the_runtime():
+    out = run("ddp_script.py", "mcr")
+    baseline = run("ddp_script.py", "gloo", launcher="torchrun")
+    assert_same_losses(tagged(out, "LOSSES"), tagged(baseline, "LOSSES"))
+    ops = families(tagged(out, "COMMLOG")["0"])
+    assert ops.get("all_reduce") == {"mpi"}, ops  # the reducer's buckets went through the runtime's choice
+    assert ops.get("broadcast") == {"mpi"}, ops  # DDP's initial parameter sync
