@@ -147,7 +147,7 @@ def parse_args(argv):
 def predict_main(args) -> int:
     table = TuningTable.load(args.table)
     predicted = predict_table(table, args.predict_world_size, args.ranks_per_node, args.margin)
-    print(summary(predicted), flush=True)
+    print(summary(predicted, args.predict_world_size), flush=True)
     if args.out != DEFAULT_OUT:
         predicted.save(args.out.format(host=socket.gethostname(), world=args.predict_world_size, rank=0))
         print(f"\npredicted table written to {predicted.path}")
@@ -163,6 +163,9 @@ def main(argv=None) -> int:
 
     rt = api.init(tuning=None)  # measure the backends themselves, not a previous table's choice
     world, rank = rt.world_size, rt.rank
+    if world < 2:
+        parser.error("there is nothing to tune on 1 rank; launch it on the ranks of the job, e.g. "
+                     "`python -m launch.local -n 2 -m mcr.tune`")
     log = (lambda msg: print(msg, flush=True)) if rank == 0 else (lambda msg: None)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     for op in ops:
@@ -213,7 +216,8 @@ def main(argv=None) -> int:
             plots, report = write_beside(table, out_path)
             log(f"plots: {os.path.dirname(plots[0]) if plots else '-'}\nreport: {report}")
     if args.predict_world_size:
-        log("\n" + summary(predict_table(table, args.predict_world_size, args.ranks_per_node, args.margin)))
+        predicted = predict_table(table, args.predict_world_size, args.ranks_per_node, args.margin)
+        log("\n" + summary(predicted, args.predict_world_size))
     api.finalize()
     return 0
 

@@ -25,13 +25,16 @@ def _groups(table):
     return keys
 
 
-def summary(table) -> str:
-    """One block per (op, group size): each size range, its choice and every candidate's latency."""
+def summary(table, group_size=None) -> str:
+    """One block per (op, group size): each size range, its choice and every candidate's latency
+    (only the blocks of `group_size` when given)."""
     lines = []
     fp = table.fingerprint
     origin = f", predicted from {fp['predicted_from']['world_size']} ranks" if fp.get("predicted_from") else ""
     lines.append(f"tuning table for {fp.get('world_size')} ranks on {fp.get('hostname')!r}{origin}")
     for op, size in _groups(table):
+        if group_size is not None and size != group_size:
+            continue
         lines.append(f"\n# {op}, group of {size}")
         lines.append(f"{'bytes':<22}{'choice':<18}{'':<11}latency us at the largest measured size")
         for e in (e for e in table.entries if (e.op, e.group_size) == (op, size)):

@@ -1,4 +1,5 @@
 """`mcr.tune` on 2 real ranks writes the same table on every rank, and the runtime follows it."""
+import json
 import os
 
 from mcr.tuning.table import TuningTable
@@ -11,7 +12,9 @@ TUNE = ["-m", "mcr.tune", "--ops", "all_reduce,all_to_all,send_recv", "--min-byt
 
 
 def test_tune_writes_an_identical_table_on_every_rank_and_the_runtime_follows_it(tmp_path):
-    out = run_ranks(2, TUNE + ["--out", str(tmp_path / "table-{rank}.yaml")]).check().output
+    used = tmp_path / "comm_log.json"  # a model's comm log: it all-reduced 3000-byte messages
+    used.write_text(json.dumps([{"op": "all_reduce", "backend": "mpi", "bytes": 3000, "group_size": 2, "count": 9}]))
+    out = run_ranks(2, TUNE + ["--sizes-from", str(used), "--out", str(tmp_path / "table-{rank}.yaml")]).check().output
     t0, t1 = (tmp_path / "table-0.yaml").read_text(), (tmp_path / "table-1.yaml").read_text()
     assert t0 == t1, "ranks wrote different tables"
 
@@ -21,6 +24,7 @@ def test_tune_writes_an_identical_table_on_every_rank_and_the_runtime_follows_it
     assert {c.op for c in table.curves} == {"all_reduce", "all_to_all", "send_recv"}
     for curve in table.curves:
         assert curve.bytes[0] == 16 and curve.bytes[-1] == 2 << 20
+        assert (3000 in curve.bytes) == (curve.op == "all_reduce")  # the model's size, for its op only
         assert all(t > 0 for t in curve.latency_us["mpi"]) and all(t > 0 for t in curve.latency_us["gloo"])
     chunked = next(c for c in table.curves if c.op == "all_reduce").latency_us["mpi/chunk=512K"]
     assert chunked[-1] > 0 and chunked[0] is None  # measured only from two chunks up
