@@ -92,8 +92,7 @@ def setup_comm(comm, comm_log_json: Optional[str] = None) -> None:
                               "which is not installed; use comm.backend=gloo")
         deepspeed.init_distributed(dist_backend="gloo")
         return
-    hook.install(runtime_config(comm, comm_log_json))
-    deepspeed.init_distributed()
+    hook.install(runtime_config(comm, comm_log_json))  # instead of deepspeed.init_distributed()
 
 
 def comm_seconds() -> Optional[float]:
@@ -108,8 +107,14 @@ def comm_seconds() -> Optional[float]:
 
 
 def finalize_comm() -> None:
-    """Print the runtime's communication table on rank 0 (when logging is on) and shut down."""
+    """Shut communication down; the runtime then prints its table on rank 0 (when logging is
+    on) and writes the comm-log JSON."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()  # the "mcr" default group finalizes the runtime it started
     if uses_mcr():
         import mcr
 
-        mcr.finalize()
+        if mcr.is_initialized():
+            mcr.finalize()

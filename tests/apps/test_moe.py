@@ -76,6 +76,16 @@ def test_comm_table_printed_at_the_end_names_the_chosen_backends(backend_runs):
     assert "comm_ms" in metrics[-1]  # the step time is split once the runtime measures comm
 
 
+@needs_hook
+@pytest.mark.parametrize("choice", ["gloo", "mpi"])
+def test_single_backend_choice_runs_every_deepspeed_collective_on_it(backend_runs, choice):
+    output = backend_runs(choice)[0]
+    rows = [line.split() for line in output[output.index("mcr communication log"):].splitlines()[3:] if line.strip()]
+    rows = [r for r in rows if len(r) == 9]  # op backend size ranks count total mean algbw busbw
+    assert {r[0] for r in rows} >= {"all_reduce", "all_to_all", "broadcast"}
+    assert {r[1] for r in rows} == {choice}
+
+
 def test_run_directory_holds_resolved_config_metrics_and_summary(backend_runs):
     output, metrics, run_dir = backend_runs("gloo")
     assert output.count("step 30/30 | loss") == 1  # rank 0 prints, once
@@ -87,25 +97,26 @@ def test_run_directory_holds_resolved_config_metrics_and_summary(backend_runs):
     assert f"done: 30 steps" in output and f"{summary['tokens_per_s']:,.0f} tok/s" in output
 
 
-def test_resume_continues_the_same_loss_curve(tmp_path):
-    common = ("train.steps=12", "train.zero_stage=2", "model.top_k=2", "checkpoint.interval=4", "checkpoint.keep=2")
-    _, full, _ = train(str(tmp_path), "full", *common)
-    train(str(tmp_path), "parts", *common, "train.stop_after=6")
+def test_resume_continues_the_same_loss_curve(backend_runs, tmp_path):
+    _, full, _ = backend_runs("gloo")  # the uninterrupted run: 30 steps
+    common = (BACKENDS["gloo"], "checkpoint.interval=5", "checkpoint.keep=2")
+    train(str(tmp_path), "parts", *common, "train.stop_after=13")  # stops at 13, saved at 5, 10 and 13
     output, parts, run_dir = train(str(tmp_path), "parts", *common, "resume=true")
-    assert "resuming at step 6" in output
-    assert [m["step"] for m in parts] == list(range(1, 13))
+    assert "resuming at step 13" in output
+    assert [m["step"] for m in parts] == list(range(1, 31))
     assert [m["loss"] for m in parts] == pytest.approx([m["loss"] for m in full], abs=1e-5)
     ckpt = os.path.join(run_dir, "checkpoints")
-    assert open(os.path.join(ckpt, "latest")).read() == "step_000012"
-    assert sorted(d for d in os.listdir(ckpt) if d.startswith("step_")) == ["step_000008", "step_000012"]
+    assert open(os.path.join(ckpt, "latest")).read() == "step_000030"
+    assert sorted(d for d in os.listdir(ckpt) if d.startswith("step_")) == ["step_000025", "step_000030"]
     with open(os.path.join(run_dir, "config.yaml")) as f:
         assert "resume: true" in f.read()
 
 
-def test_text_file_under_torchrun_trains_and_reports_validation_loss(tmp_path):
+def test_text_file_under_torchrun_with_zero2_and_top2_trains_and_reports_validation_loss(tmp_path):
     text = os.path.join(REPO, "README.md")
     output, metrics, _ = train(str(tmp_path), "text", "data.kind=text", f"data.path={text}", "eval_interval=10",
-                               "comm.backend=gloo", launcher="torchrun")
+                               "train.zero_stage=2", "model.top_k=2", "comm.backend=gloo", launcher="torchrun")
+    assert "ZeRO-2" in output and "top-2" in output
     vals = [m["val_loss"] for m in metrics if "val_loss" in m]
     assert len(vals) == 3 and vals[-1] < vals[0]
     assert metrics[-1]["loss"] < metrics[0]["loss"] - 0.5
