@@ -40,7 +40,10 @@ def describe(plan, sim=None):
         flag = "" if st.memory_bytes <= st.memory_limit else "  OVER MEMORY"
         lines.append(f"  stage {s}: layers {st.start}-{st.stop - 1}  per micro-batch {st.busy_s * 1e3:7.2f} ms  "
                      f"memory {st.memory_bytes / 2**20:9.1f} MiB / {st.memory_limit / 2**20:.0f} MiB{flag}")
-    if plan.schedule != "data-parallel":
+    if plan.notes.get("partition_method"):
+        lines.append(f"  DeepSpeed: PipelineModule(layers, partition_method=\"{plan.notes['partition_method']}\") "
+                     f"cuts it the same way (parts {plan.deepspeed_parts})")
+    elif plan.schedule != "data-parallel":
         lines.append(f"  DeepSpeed: PipelineModule parts {plan.deepspeed_parts} "
                      f"(bapipe.pipeline_run.planned_pipeline_module(layers, {plan.deepspeed_parts}, ...))")
     return "\n".join(lines)
@@ -60,9 +63,11 @@ def cmd_plan(args):
     dp = data_parallel_plan(profile, cluster, devices, -(-m * args.replicas // devices))
     if args.timeline:
         draw_timeline(sim, args.timeline, f"{profile.model} {args.schedule} parts {plan.deepspeed_parts}")
+    same = [b.label for b in baselines if b.deepspeed_parts == plan.deepspeed_parts]
+    plan.notes["partition_method"] = same[0] if same else None   # DeepSpeed would cut it the same way
     if args.json:
         out = plan.to_json()
-        out.update(simulated_iteration_s=sim.iteration_s, bubble_fraction=sim.bubble_fraction,
+        out.update(partition_method=plan.notes["partition_method"],simulated_iteration_s=sim.iteration_s, bubble_fraction=sim.bubble_fraction,
                    peak_memory_bytes=sim.peak_memory_bytes,
                    baselines={b.label: b.to_json() for b in baselines + [dp]})
         print(json.dumps(out, indent=1))
@@ -96,6 +101,10 @@ def _search(args, profile, cluster):
               f"{plan.iteration_s * 1e3:12.1f} {plan.samples_per_s:10.1f}  {plan.deepspeed_parts}")
     runner_up = sorted(top.values(), key=lambda p: -p.samples_per_s)[1:2]
     print(describe(best))
+    dp = max((p for p in tried if p.schedule == "data-parallel"), key=lambda p: p.samples_per_s, default=None)
+    print(f"pure data parallelism: " + (f"{dp.samples_per_s:.1f} samples/s, the winner is "
+                                       f"{best.samples_per_s / dp.samples_per_s:.2f}x as fast" if dp
+                                       else "does not fit in memory"))
     if runner_up:
         print(f"won: {len(best.stages)} stages, {best.schedule}, {best.microbatches} micro-batches, "
               f"{best.samples_per_s / runner_up[0].samples_per_s:.2f}x the runner-up "
