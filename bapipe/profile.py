@@ -6,6 +6,7 @@ because the last pipeline stage computes it. Stashed bytes are what autograd sav
 (parameters excluded), counted once per storage.
 """
 import json
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -87,13 +88,13 @@ def _detach_for_grad(value):
     return type(value)(_detach_for_grad(v) for v in value)
 
 
-def _fastest(fn, repeats, clock):
+def _median_time(fn, repeats, clock):
     times = []
     for _ in range(repeats):
         start = clock()
         fn()
         times.append(clock() - start)
-    return min(times)
+    return statistics.median(times)
 
 
 def _stashed_bytes(run_forward, layer):
@@ -142,10 +143,9 @@ def profile_stack(stack: LayerStack, micro_batch: int, repeats: int = 5, threads
             return clock() - start
 
         forward_backward()  # warm-up: allocator, kernels, lazy state
-        # the fastest of the repeats: cache misses and page faults after other work only add time
-        forward_s = _fastest(forward, repeats, clock)
-        backward_s = min(forward_backward() for _ in range(repeats))
-        optimizer_s = _fastest(optimizer.step, repeats, clock) if optimizer else 0.0
+        forward_s = _median_time(forward, repeats, clock)
+        backward_s = statistics.median(forward_backward() for _ in range(repeats))
+        optimizer_s = _median_time(optimizer.step, repeats, clock) if optimizer else 0.0
         activation_bytes, out = _stashed_bytes(forward, layer)
         with torch.no_grad():
             x = layer(x)

@@ -35,8 +35,7 @@ def prediction_vs_reality(cluster_path, microbatches=8, micro_batch=4, iters=5, 
     assert plans[0].deepspeed_parts == measured[0]["parts"], "the workers planned another partition"
     rows = []
     print(f"GPT-like stack, 2 stages, 1F1B, {microbatches} micro-batches of {micro_batch}, {iters} measured "
-          f"iterations per partition, taken in turn; the profile keeps each layer's fastest run, so the\n"
-          f"prediction is compared with the fastest iteration as well as with the median")
+          f"iterations per partition, taken in turn (median and fastest)")
     print(f"  {'partition':<11} {'parts':<12} {'predicted ms':>12} {'simulated ms':>12} {'fastest ms':>10} "
           f"{'median ms':>10} {'err fastest':>11} {'err median':>10}")
     for plan, run in zip(plans, measured):
