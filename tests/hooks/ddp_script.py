@@ -1,7 +1,7 @@
-"""Train a small model with DistributedDataParallel on 2 ranks; print each rank's losses.
+"""Train a small model with DDP (or FSDP) on 2 ranks; print each rank's losses.
 
-    python -m launch.local -n 2 tests/hooks/ddp_script.py mcr     # backend "mcr" (any launcher)
-    python -m launch.local -n 2 --launcher torchrun tests/hooks/ddp_script.py gloo
+    python -m launch.local -n 2 tests/hooks/ddp_script.py mcr [fsdp]    # backend "mcr" (any launcher)
+    python -m launch.local -n 2 --launcher torchrun tests/hooks/ddp_script.py gloo [fsdp]
 
 Prints `LOSSES <rank> <json>` and, for mcr, `COMMLOG <rank> <json>` (op, backend, bytes, count).
 """
@@ -14,7 +14,15 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
-def main(mode):
+def wrap(model, how):
+    if how == "fsdp":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+        return FSDP(model, device_id=torch.device("cpu"), use_orig_params=True)
+    return DDP(model, bucket_cap_mb=0.01)  # ~10 KB buckets: several all-reduces per step
+
+
+def main(mode, how):
     if mode == "mcr":
         from mcr.hooks import torch_backend
 
@@ -24,7 +32,7 @@ def main(mode):
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
-    ddp = DDP(model, bucket_cap_mb=0.01)  # ~10 KB buckets: several all-reduces per step
+    ddp = wrap(model, how)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
     losses = []
     for step in range(5):
@@ -46,4 +54,4 @@ def main(mode):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "ddp")

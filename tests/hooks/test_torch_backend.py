@@ -1,4 +1,5 @@
 """The torch.distributed backend "mcr" on 2 real ranks: every op, subgroups, DDP."""
+import pytest
 import torch.distributed as dist
 
 import mcr  # noqa: F401  (registers the backend)
@@ -28,3 +29,25 @@ def test_ddp_on_mcr_matches_plain_gloo_and_all_reduces_through_the_runtime():
     ops = families(tagged(out, "COMMLOG")["0"])
     assert ops.get("all_reduce") == {"mpi"}, ops  # the reducer's buckets went through the runtime's choice
     assert ops.get("broadcast") == {"mpi"}, ops  # DDP's initial parameter sync
+
+
+def test_fsdp_on_mcr_matches_plain_gloo_and_shards_through_the_runtime():
+    out = run("ddp_script.py", "mcr", "fsdp")
+    baseline = run("ddp_script.py", "gloo", "fsdp", launcher="torchrun")
+    assert_same_losses(tagged(out, "LOSSES"), tagged(baseline, "LOSSES"))
+    ops = families(tagged(out, "COMMLOG")["1"])
+    assert ops.get("all_gather") == {"mpi"} and ops.get("reduce_scatter") == {"mpi"}, ops
+
+
+def test_rank_disagreeing_with_the_launcher_is_a_clear_error():
+    """torch told rank 1 of 2 while this process is a world of one: refuse, naming the fix."""
+    import mcr
+
+    try:
+        with pytest.raises(RuntimeError, match=r"torch.distributed says rank 1 of 2.*launcher's rank"):
+            dist.init_process_group("mcr", store=dist.HashStore(), rank=1, world_size=2)
+    finally:
+        if mcr.is_initialized():
+            mcr.finalize()
+        if dist.is_initialized():
+            dist.destroy_process_group()
