@@ -109,15 +109,19 @@ def time_op(op, nbytes, backend=None, dtype=torch.float32, group=None, iters=Non
 def compare(op, nbytes, candidates, dtype=torch.float32, group=None, iters=None, warmup=5, rounds=3):
     """Seconds per op for each candidate, a (backend or None for the runtime's own choice,
     chunk_bytes) pair, and the actual bytes. The candidates are timed in `rounds` interleaved
-    rounds (A B C A B C ...), the iterations split between them, and each keeps its fastest
-    round: load from elsewhere comes in bursts and only ever adds time, so comparing each
-    candidate's best round compares the candidates, not the moments they ran at."""
+    rounds, every other one in reverse (A B C, C B A, A B C ...), the iterations split between
+    them, and each keeps its fastest round. Load from elsewhere comes in bursts and only ever
+    adds time, and a backend can slow the one timed right after it (gloo's threads leave MPI
+    on a busy core for a while), so each candidate's best round, taken in more than one
+    position, compares the candidates and not the moments or the order they ran in."""
     n = iters or iterations_for(nbytes)
     per_round = max(1, n // rounds) if iters else max(5, n // rounds)
     best, actual = [float("inf")] * len(candidates), None
     for r in range(rounds):
-        for i, (backend, chunk_bytes) in enumerate(candidates):
+        order = range(len(candidates)) if r % 2 == 0 else reversed(range(len(candidates)))
+        for i in order:
+            backend, chunk_bytes = candidates[i]
             call, actual = make_call(op, nbytes, backend, dtype, group, chunk_bytes)
-            seconds = time_call(call, per_round, warmup if r == 0 else min(warmup, 1), group, backend)
+            seconds = time_call(call, per_round, warmup if r == 0 else min(warmup, 2), group, backend)
             best[i] = min(best[i], seconds / 2 if op == "send_recv" else seconds)
     return best, actual
