@@ -126,6 +126,9 @@ class Runtime:
         mpi = self.backends.get("mpi")
 
         def hook(kind, value, traceback):
+            # torch's init_process_group wraps this hook and buffers stderr until it returns;
+            # we never return, so write to the real stderr or the traceback is lost.
+            sys.stderr = sys.__stderr__
             previous(kind, value, traceback)
             sys.stderr.write(f"mcr: rank {self.rank} ended with {kind.__name__}; aborting the job\n")
             sys.stderr.flush()

@@ -1,9 +1,12 @@
 """The torch.distributed backend "mcr" on 2 real ranks: every op, subgroups, DDP."""
+import os
+
 import pytest
 import torch.distributed as dist
 
 import mcr  # noqa: F401  (registers the backend)
-from tests.hooks.common import assert_same_losses, families, run, tagged
+from tests.hooks.common import HERE, assert_same_losses, families, run, tagged
+from tests.ranks import run_script
 
 
 def test_import_mcr_registers_the_backend():
@@ -51,3 +54,10 @@ def test_rank_disagreeing_with_the_launcher_is_a_clear_error():
             mcr.finalize()
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def test_uncaught_exception_after_init_process_group_prints_its_traceback():
+    # torch's excepthook buffers stderr around the runtime's aborting one; nothing may be lost.
+    result = run_script(2, os.path.join(HERE, "raise_script.py"), launcher="torchrun", timeout=120)
+    assert result.returncode != 0
+    assert "AssertionError: uncaught after init_process_group" in result.output, result.output[-3000:]
