@@ -5,9 +5,11 @@
     MCR_BACKEND=gloo python -m launch.local -n 2 -m mcr.hooks.bench     # force gloo
 
 Rows (median µs per call, slowest rank): the chosen backend's library called directly; the
-runtime (`mcr.all_reduce`); the registered ProcessGroup's `allreduce` as C++ callers reach
-it; and `dist.all_reduce`, which adds torch's own Python wrapper. "over library" is the cost
-each layer adds to the library call.
+runtime (`mcr.all_reduce`); the registered ProcessGroup's `allreduce` called from Python;
+`dist.all_reduce`, which adds torch's own Python wrapper; and a functional all-reduce, which
+reaches the group from C++ (as DDP's reducer does) and allocates its output. "over library"
+is what each path adds to the library call. With `-n 1` the peer's scheduling drops out and
+the rows show pure software cost (useful on a loaded machine).
 """
 from __future__ import annotations
 
@@ -38,11 +40,15 @@ def measure(iters: int) -> list:
     n = iters if chosen.name == "mpi" else max(200, iters // 20)  # gloo is ~100x slower per call
     pg = dist.group.WORLD
     opts = dist.AllreduceOptions()  # C++ callers build theirs once per bucket too
+    # torch.ops._c10d_functional reaches the group through the C++ trampoline, as DDP's reducer
+    # does; it also allocates its output, so that row is an upper bound for C++ callers.
+    functional_all_reduce, wait_tensor = torch.ops._c10d_functional.all_reduce, torch.ops._c10d_functional.wait_tensor
     calls = [
         (f"{chosen.name} library", _library_call(rt, chosen.name, x)),
         ("mcr.all_reduce", lambda: api.all_reduce(x)),
         ("ProcessGroup.allreduce", lambda: pg.allreduce([x], opts).wait()),
         ("dist.all_reduce", lambda: dist.all_reduce(x)),
+        ("functional (C++ caller)", lambda: wait_tensor(functional_all_reduce(x, "sum", pg.group_name))),
     ]
     return [(label, time_call(call, n, warmup=50)) for label, call in calls]
 
