@@ -43,23 +43,28 @@ def run_one(choice, args, overrides, repeat):
 
 
 def table(rows: dict, nprocs: int, preset: str) -> str:
-    """rows: choice -> list of summaries (None for a failed run)."""
+    """rows: choice -> list of summaries (None for a failed run). Each figure is the median
+    over the runs of that choice; the gains compare median-step throughput."""
     ok = {c: [s for s in runs if s] for c, runs in rows.items()}
-    tput = {c: statistics.median(s["tokens_per_s"] for s in runs) for c, runs in ok.items() if runs}
-    singles = [c for c in SINGLE if c in tput]
-    header = f"{'backend':<10}{'tokens/s':>11}{'samples/s':>11}{'step ms':>9}{'comm ms':>9}" + "".join(f"{'vs ' + c:>9}" for c in singles)
-    lines = [f"DS-MoE throughput: {preset}, {nprocs} ranks (median step; median over runs)", header, "-" * len(header)]
-    for choice, runs in rows.items():
-        if choice not in tput:
-            lines.append(f"{choice:<10}{'failed':>11}")
+    med = {c: {k: statistics.median(s[k] for s in runs) for k in ("tokens_per_s", "samples_per_s", "median_step_ms",
+                                                                  "p10_tokens_per_s")}
+           for c, runs in ok.items() if runs}
+    singles = [c for c in SINGLE if c in med]
+    header = (f"{'backend':<10}{'tokens/s':>10}{'samples/s':>11}{'step ms':>9}{'comm ms':>9}{'p10 tok/s':>11}"
+              + "".join(f"{'vs ' + c:>9}" for c in singles))
+    runs_per = max(len(r) for r in rows.values())
+    lines = [f"DS-MoE throughput: {preset}, {nprocs} ranks, {runs_per} run(s) per backend "
+             "(median step time; p10 = fastest-decile step)", header, "-" * len(header)]
+    for choice in rows:
+        if choice not in med:
+            lines.append(f"{choice:<10}{'failed':>10}")
             continue
-        best = ok[choice]
-        samples = statistics.median(s["samples_per_s"] for s in best)
-        step_ms = statistics.median(s["median_step_ms"] for s in best)
-        comm = [s["comm_ms"] for s in best if s.get("comm_ms") is not None]
+        m = med[choice]
+        comm = [s["comm_ms"] for s in ok[choice] if s.get("comm_ms") is not None]
         comm_txt = f"{statistics.median(comm):>9.1f}" if comm else f"{'-':>9}"
-        gains = "".join(f"{(tput[choice] / tput[c] - 1) * 100:>+8.1f}%" for c in singles)
-        lines.append(f"{choice:<10}{tput[choice]:>11,.0f}{samples:>11,.1f}{step_ms:>9.1f}{comm_txt}{gains}")
+        gains = "".join(f"{(m['tokens_per_s'] / med[c]['tokens_per_s'] - 1) * 100:>+8.1f}%" for c in singles)
+        lines.append(f"{choice:<10}{m['tokens_per_s']:>10,.0f}{m['samples_per_s']:>11,.1f}{m['median_step_ms']:>9.1f}"
+                     f"{comm_txt}{m['p10_tokens_per_s']:>11,.0f}{gains}")
     return "\n".join(lines)
 
 

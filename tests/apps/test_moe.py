@@ -90,7 +90,7 @@ def test_run_directory_holds_resolved_config_metrics_and_summary(backend_runs):
     output, metrics, run_dir = backend_runs("gloo")
     assert output.count("step 30/30 | loss") == 1  # rank 0 prints, once
     resolved = load_config(MoEConfig, ["--config", os.path.join(run_dir, "config.yaml")])
-    assert resolved.log_interval == 1 and resolved.model.ep_size == 0 and resolved.comm.backend == "gloo"
+    assert resolved.log_interval == 1 and resolved.model.ep_size == 2 and resolved.comm.backend == "gloo"
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
     assert summary["steps"] == 30 and summary["world_size"] == 2 and summary["tokens_per_s"] > 0
@@ -151,3 +151,16 @@ def test_every_preset_validates(preset):
     cfg = load_config(MoEConfig, ["--config", os.path.join(REPO, "configs", "moe", preset)])
     world = 128 if cfg.model.num_experts >= 64 else 2  # the paper preset is for a GPU cluster
     validate(cfg, world)
+
+
+def test_compare_table_reports_gain_over_each_single_backend():
+    from apps.moe.compare import table
+
+    def summary(tps):
+        return {"tokens_per_s": tps, "samples_per_s": tps / 100, "median_step_ms": 1e5 / tps, "p10_tokens_per_s": tps,
+                "comm_ms": 1.0}
+
+    text = table({"gloo": [summary(1000), summary(1200)], "mpi": [summary(2200)], "auto": [summary(2420), None]}, 2, "x")
+    auto = next(line for line in text.splitlines() if line.startswith("auto"))
+    assert auto.split()[-2:] == ["+120.0%", "+10.0%"]  # 2420 vs gloo's median 1100, vs mpi's 2200
+    assert "failed" in table({"gloo": [summary(1)], "mpi": [None]}, 2, "x")
