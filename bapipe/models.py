@@ -5,8 +5,10 @@ which is exactly what DeepSpeed's ``PipelineModule`` needs. Layers that carry mo
 (GNMT's encoder output beside the target tokens) pass tuples, as DeepSpeed's pipeline allows.
 
 torchvision is not available beside this torch, so VGG-16 and ResNet-50 are rebuilt here with the
-same layer structure; ``width`` and the image size scale them down so that a CPU profile takes
-seconds (the defaults use 1/4 of the channels and 64x64 images instead of 224x224).
+same layer structure, scaled down by ``width`` (default 1/4 of the channels, 224x224 images) so
+that a CPU profile takes seconds. Width scales parameters and FLOPs alike (both go as width^2),
+so the ratio of compute to gradient traffic, which decides pipeline against data parallelism,
+stays that of the full-size model. GNMT-like and GPT-like are scaled the same way (dim 256).
 """
 from dataclasses import dataclass
 from typing import Callable
@@ -111,7 +113,7 @@ def image_batch(image, classes):
     return make_batch
 
 
-def vgg16(width=0.25, image=64, classes=1000, seed=0) -> LayerStack:
+def vgg16(width=0.25, image=224, classes=1000, seed=0) -> LayerStack:
     """VGG-16 (configuration D): 13 convolutions and 3 fully connected layers, one layer each."""
     torch.manual_seed(seed)
     plan = [[64, 64], [128, 128], [256, 256, 256], [512, 512, 512], [512, 512, 512]]
@@ -163,7 +165,7 @@ class PoolFc(nn.Module):
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(x, 1), 1))
 
 
-def resnet50(width=0.25, image=64, classes=1000, seed=0) -> LayerStack:
+def resnet50(width=0.25, image=224, classes=1000, seed=0) -> LayerStack:
     """ResNet-50: stem, 16 bottleneck blocks (3, 4, 6, 3), pooled classifier: 18 layers."""
     torch.manual_seed(seed)
     base = max(8, int(64 * width))

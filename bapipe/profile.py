@@ -1,7 +1,8 @@
 """Per-layer profiler: forward and backward time, parameter, stashed-activation and output bytes.
 
 Each layer is timed on its own, fed with the real output of the layers before it, so the numbers
-add up to a stage's cost for any contiguous partition. The last layer's numbers include the loss,
+add up to a stage's cost for any contiguous partition. Times are medians over the repeats of the
+thread's CPU time (one thread, the default), so other work on a shared machine does not inflate them. The last layer's numbers include the loss,
 because the last pipeline stage computes it. Stashed bytes are what autograd saves for backward
 (parameters excluded), counted once per storage.
 """
