@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import logging
 
 import torch
 import torch.distributed as dist
@@ -38,7 +37,6 @@ from ..ops import ReduceOp
 from .work import DONE, HandleWork
 
 BACKEND_NAME = "mcr"
-log = logging.getLogger("mcr")
 
 _GLOO = dist.ProcessGroup.BackendType.GLOO
 _NCCL = dist.ProcessGroup.BackendType.NCCL
@@ -52,7 +50,7 @@ _all_reduce = api.all_reduce  # bound once: the hot path skips module lookups
 class RuntimeProcessGroup(dist.ProcessGroup):
     """One torch process group backed by one mcr Group; ranks in and out are group ranks."""
 
-    def __init__(self, store, group: Group, owns_runtime: bool = False):
+    def __init__(self, group: Group, owns_runtime: bool = False):
         super().__init__(group.rank, group.size)  # the (store, ...) overload rejects Python subclasses
         self.mcr_group = group
         self._ranks = group.ranks  # group rank -> global rank, for roots and peers
@@ -240,6 +238,8 @@ def _world_runtime(opts, pg_options):
     else:
         rt, owned = api.init(pg_options, store=dist.PrefixStore("mcr/", opts.store)), True
     if (rt.rank, rt.world_size) != (opts.group_rank, opts.group_size):
+        if owned:
+            api.finalize()
         raise RuntimeError(
             f"mcr backend: torch.distributed says rank {opts.group_rank} of {opts.group_size}, but the launcher "
             f"({rt.info.launcher}) says rank {rt.rank} of {rt.world_size}; pass the launcher's rank and world size "
@@ -267,7 +267,7 @@ def _create(opts, pg_options):
     ranks = list(opts.global_ranks_in_group)
     if not ranks:  # torch passes no ranks for the default group
         rt, owned = _world_runtime(opts, pg_options)
-        return RuntimeProcessGroup(opts.store, rt.world, owns_runtime=owned)
+        return RuntimeProcessGroup(rt.world, owns_runtime=owned)
     if not api.is_initialized():
         raise RuntimeError(
             "mcr backend: new_group(backend='mcr') needs the runtime on every rank; call mcr.init() "
@@ -280,7 +280,7 @@ def _create(opts, pg_options):
             "initialize torch.distributed with the launcher's ranks"
         )
     group = _member_group(rt, f"{_epoch}/{opts.group_id}", ranks)
-    return RuntimeProcessGroup(opts.store, group, owns_runtime=_adopt_runtime)
+    return RuntimeProcessGroup(group, owns_runtime=_adopt_runtime)
 
 
 def register() -> None:
