@@ -1,11 +1,12 @@
 """Tables: the planner's prediction against a real DeepSpeed pipeline, and a BaPipe-style study."""
+import dataclasses
 import glob
 import json
 import os
 import tempfile
 
 from .cluster import Cluster
-from .explore import CostModel, baseline_plan, data_parallel_plan, optimal_plan, search
+from .explore import CostModel, baseline_plan, optimal_plan, search
 from .profile import Profile
 from .simulate import simulate
 
@@ -67,7 +68,7 @@ def prediction_vs_reality(cluster_path, microbatches=8, micro_batch=4, iters=5, 
               f"(median), {r['measured_fastest_s'] / planned['measured_fastest_s']:.2f}x (fastest); "
               f"predicted {r['predicted_s'] / planned['predicted_s']:.2f}x")
     print(f"  planned partition at least as fast as {', '.join(methods)} (median): {'yes' if fastest else 'NO'}")
-    result = {"rows": rows, "planned_at_least_as_fast": fastest, "load_average": [load_before, load_after],
+    result = {"rows": rows, "planned_at_least_as_fast": fastest, "profile": dataclasses.asdict(profile), "load_average": [load_before, load_after],
               "max_abs_error_vs_fastest": max(abs(r["error_vs_fastest"]) for r in rows),
               "max_abs_error_vs_median": max(abs(r["error_vs_median"]) for r in rows)}
     if out:
