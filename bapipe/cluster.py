@@ -135,8 +135,9 @@ def fit_link(points):
 def link_from_tuning_table(path, op="all_reduce"):
     """Fit a link to the chosen backend's latencies in mcr's tuning table (``python -m mcr.tune``).
 
-    Each entry covers [min_bytes, max_bytes); its measurement is taken at the range's geometric
-    middle. An all-reduce row over a group of g ranks is converted to one ring hop."""
+    Each entry's ``latency_us`` was measured at ``latency_at_bytes`` (older tables: taken as the
+    geometric middle of [min_bytes, max_bytes)). An all-reduce row over a group of g ranks is
+    converted to one ring hop."""
     try:
         with open(path) as f:
             table = yaml.safe_load(f)
@@ -148,7 +149,7 @@ def link_from_tuning_table(path, op="all_reduce"):
     points, group = [], 2
     for e in rows:
         low, high = max(e["min_bytes"], 1), e.get("max_bytes")
-        size = (low * high) ** 0.5 if high else low
+        size = e.get("latency_at_bytes") or ((low * high) ** 0.5 if high else low)
         points.append((size, e["latency_us"][e["backend"]] * 1e-6))
         group = e.get("group_size", group)
     if len(points) < 2:

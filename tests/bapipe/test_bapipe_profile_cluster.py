@@ -64,11 +64,11 @@ def test_cluster_errors_say_what_to_write():
 def test_link_is_fitted_from_an_mcr_tuning_table(tmp_path):
     # an all-reduce over 4 ranks with 2*3 ring steps of 5 us and 2*3/4 of the bytes over 1 GB/s per hop
     rows = []
-    for low, high in [(1024, 65536), (65536, 2**20), (2**20, 2**24)]:
-        size = (low * high) ** 0.5
+    for low, high, at in [(1024, 65536, 32768), (65536, 2**20, None), (2**20, 2**24, 2**23)]:
+        size = at or (low * high) ** 0.5   # tables without latency_at_bytes: the range's middle
         seconds = 6 * 5e-6 + 1.5 * size / 1e9
         rows.append({"op": "all_reduce", "group_size": 4, "dtype": "any", "min_bytes": low, "max_bytes": high,
-                     "backend": "mpi", "chunk_bytes": 0, "predicted": False,
+                     "backend": "mpi", "chunk_bytes": 0, "predicted": False, "latency_at_bytes": at,
                      "latency_us": {"mpi": seconds * 1e6, "gloo": seconds * 3e6}})
     path = tmp_path / "table.yaml"
     import yaml
