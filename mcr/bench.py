@@ -17,7 +17,7 @@ import torch
 
 from . import api
 from .commlog import human_bytes
-from .measure import MEASURABLE_OPS, compare, iterations_for, slowest, time_call
+from .measure import MEASURABLE_OPS, compare, time_call
 from .ops import bus_factor
 from .tuning.candidates import short_bytes
 
