@@ -1,9 +1,10 @@
-"""Train a small model with DDP (or FSDP) on 2 ranks; print each rank's losses.
+"""Train a small model with DDP, then with FSDP, on 2 ranks; print each rank's losses.
 
-    python -m launch.local -n 2 tests/hooks/ddp_script.py mcr [fsdp]    # backend "mcr" (any launcher)
-    python -m launch.local -n 2 --launcher torchrun tests/hooks/ddp_script.py gloo [fsdp]
+    python -m launch.local -n 2 tests/hooks/ddp_script.py mcr     # backend "mcr" (any launcher)
+    python -m launch.local -n 2 --launcher torchrun tests/hooks/ddp_script.py gloo
 
-Prints `LOSSES <rank> <json>` and, for mcr, `COMMLOG <rank> <json>` (op, backend, bytes, count).
+Prints `LOSSES <ddp|fsdp> <rank> <json>` and, for mcr, `COMMLOG <ddp|fsdp> <rank> <json>`
+(the runtime's calls during that run: op, backend, bytes, count).
 """
 import json
 import sys
@@ -22,7 +23,29 @@ def wrap(model, how):
     return DDP(model, bucket_cap_mb=0.01)  # ~10 KB buckets: several all-reduces per step
 
 
-def main(mode, how):
+def comm_counts():
+    import mcr
+
+    return {(r["op"], r["backend"], r["bytes"], r["group_size"]): r["count"] for r in mcr.runtime().comm_log.rows()}
+
+
+def train(how, rank):
+    torch.manual_seed(0)
+    model = wrap(nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)), how)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    for step in range(5):
+        g = torch.Generator().manual_seed(100 * step + rank)
+        x, y = torch.randn(16, 8, generator=g), torch.randn(16, 4, generator=g)
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    print(f"LOSSES {how} {rank} {json.dumps(losses)}", flush=True)
+
+
+def main(mode):
     if mode == "mcr":
         from mcr.hooks import torch_backend
 
@@ -30,28 +53,15 @@ def main(mode, how):
     else:
         dist.init_process_group("gloo")
     rank = dist.get_rank()
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
-    ddp = wrap(model, how)
-    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    losses = []
-    for step in range(5):
-        g = torch.Generator().manual_seed(100 * step + rank)
-        x, y = torch.randn(16, 8, generator=g), torch.randn(16, 4, generator=g)
-        loss = nn.functional.mse_loss(ddp(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    print(f"LOSSES {rank} {json.dumps(losses)}", flush=True)
-    if mode == "mcr":
-        import mcr
-
-        rows = [[r["op"], r["backend"], r["bytes"], r["count"]] for r in mcr.runtime().comm_log.rows()]
-        print(f"COMMLOG {rank} {json.dumps(rows)}", flush=True)
+    for how in ("ddp", "fsdp"):
+        before = comm_counts() if mode == "mcr" else {}
+        train(how, rank)
+        if mode == "mcr":  # the runtime's rows this wrapper added: [op, backend, bytes, calls]
+            rows = [[*key[:3], n - before.get(key, 0)] for key, n in comm_counts().items() if n > before.get(key, 0)]
+            print(f"COMMLOG {how} {rank} {json.dumps(rows)}", flush=True)
     dist.barrier()  # no rank tears gloo down while its peer still talks
     dist.destroy_process_group()
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "ddp")
+    main(sys.argv[1])

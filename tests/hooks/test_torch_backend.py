@@ -25,21 +25,15 @@ def test_every_op_correct_under_torchrun_init_process_group_mcr():
     assert "gives no MPI world" in out  # the runtime says once why MPI is missing
 
 
-def test_ddp_on_mcr_matches_plain_gloo_and_all_reduces_through_the_runtime():
+def test_ddp_and_fsdp_on_mcr_match_plain_gloo_through_the_runtime():
     out = run("ddp_script.py", "mcr")
     baseline = run("ddp_script.py", "gloo", launcher="torchrun")
     assert_same_losses(tagged(out, "LOSSES"), tagged(baseline, "LOSSES"))
-    ops = families(tagged(out, "COMMLOG")["0"])
-    assert ops.get("all_reduce") == {"mpi"}, ops  # the reducer's buckets went through the runtime's choice
-    assert ops.get("broadcast") == {"mpi"}, ops  # DDP's initial parameter sync
-
-
-def test_fsdp_on_mcr_matches_plain_gloo_and_shards_through_the_runtime():
-    out = run("ddp_script.py", "mcr", "fsdp")
-    baseline = run("ddp_script.py", "gloo", "fsdp", launcher="torchrun")
-    assert_same_losses(tagged(out, "LOSSES"), tagged(baseline, "LOSSES"))
-    ops = families(tagged(out, "COMMLOG")["1"])
-    assert ops.get("all_gather") == {"mpi"} and ops.get("reduce_scatter") == {"mpi"}, ops
+    logs = tagged(out, "COMMLOG")
+    ddp, fsdp = families(logs["ddp 0"]), families(logs["fsdp 1"])
+    assert ddp.get("all_reduce") == {"mpi"}, ddp  # the reducer's buckets, through the runtime's choice
+    assert ddp.get("broadcast") == {"mpi"}, ddp  # DDP's initial parameter sync
+    assert fsdp.get("all_gather") == {"mpi"} and fsdp.get("reduce_scatter") == {"mpi"}, fsdp
 
 
 def test_rank_disagreeing_with_the_launcher_is_a_clear_error():
