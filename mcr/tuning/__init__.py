@@ -1,1 +1,11 @@
-"""Tuning: the table that maps (op, message size, group size, dtype) to a backend."""
+"""Tuning: the table that maps (op, message size, group size, dtype) to a backend.
+
+    table       the file format (TuningTable, Entry, Choice, Curve, Fit) and lookup
+    candidates  names like `mpi` or `mpi/chunk=1M`: a backend and how it runs the op
+    rules       measured curves -> entries (margin, crossovers, merging)
+    model       latency = alpha + beta * bytes: fit, fill between sizes, predict group sizes
+    online      `tuning: auto`: measure each new (op, size bucket) in the job, agree, stick
+    fingerprint where a table was measured; report: text summary, PNG plots, Markdown
+The command line is `python -m mcr.tune`; the measuring itself is `mcr.measure`, shared with
+`mcr.bench`.
+"""
