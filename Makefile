@@ -8,7 +8,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export WANDB_MODE ?= offline
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench tune clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,9 @@ test: setup
 
 bench: setup
 	$(PY) -m launch.local -n 2 -m mcr.bench
+
+tune: setup
+	$(PY) -m launch.local -n 2 -m mcr.tune --out runs/tuning/table.yaml
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

@@ -22,6 +22,7 @@ class RuntimeConfig:
     overrides: Dict[str, str] = field(default_factory=dict)  # op family -> backend
     tuning: Optional[str] = None  # path of a tuning table written by `python -m mcr.tune`, or "auto"
     tuning_predict: bool = False  # accept a table from another world size through its performance model
+    tuning_save: Optional[str] = None  # with tuning: auto, rank 0 writes the learned table here
     comm_log: bool = False  # keep per-(op, backend, size) timings; table printed at finalize()
     comm_log_json: Optional[str] = None  # where finalize() writes the log as JSON
     watchdog_timeout_s: float = 600.0  # a rank stuck this long in one op aborts the job
@@ -50,6 +51,10 @@ def load(config=None, env=None, **kwargs) -> RuntimeConfig:
         from_env["backend"] = env["MCR_BACKEND"]
     if env.get("MCR_TUNING_FILE"):
         from_env["tuning"] = env["MCR_TUNING_FILE"]
+    if env.get("MCR_TUNING_PREDICT"):
+        from_env["tuning_predict"] = env["MCR_TUNING_PREDICT"] not in ("0", "false", "False", "")
+    if env.get("MCR_TUNING_SAVE"):
+        from_env["tuning_save"] = env["MCR_TUNING_SAVE"]
     if env.get("MCR_COMM_LOG"):
         from_env["comm_log"] = env["MCR_COMM_LOG"] not in ("0", "false", "False", "")
     if env.get("MCR_COMM_LOG_JSON"):

@@ -61,6 +61,7 @@ class Runtime:
         self.backends = {}
         self.unavailable = {}  # backend name -> why it cannot run here
         wanted = [b.strip() for b in cfg.backends.split(",")]
+        table = self._read_table(cfg, info)
 
         mpi = self._try("mpi", wanted, lambda: MPIBackend(info))
         self.store = store if store is not None else self._make_store(info, mpi)
@@ -69,7 +70,7 @@ class Runtime:
 
         self._next_gid = 0
         self.world = self.new_group(range(info.world_size))
-        self.table = self._load_table(cfg)
+        self.table = self._online_tuner(cfg) if cfg.tuning == "auto" else table
         self.comm_log = CommLog() if cfg.comm_log else None
         self.watchdog = Watchdog(info.rank, cfg.watchdog_timeout_s) if cfg.watchdog_timeout_s > 0 else None
         self._waits = self.watchdog.waits if self.watchdog is not None else None
@@ -138,20 +139,25 @@ class Runtime:
 
         sys.excepthook = hook
 
-    def _load_table(self, cfg):
-        if cfg.tuning is None:
+    @staticmethod
+    def _read_table(cfg, info):
+        """A table file is read and checked before any backend starts, so a refused table
+        stops every rank the same way instead of leaving peers mid-handshake."""
+        if cfg.tuning is None or cfg.tuning == "auto":
             return None
-        if cfg.tuning == "auto":  # learn per (op, size bucket) on first use; MCR_TUNING_SAVE keeps it
-            from .tuning.online import OnlineTuner
-
-            return OnlineTuner(self, BUILTIN_ORDER["cpu"], save_path=os.environ.get("MCR_TUNING_SAVE"))
         table = TuningTable.load(cfg.tuning)
         if cfg.tuning_predict:  # another scale or machine: this job's group size through the model
             from .tuning.model import predict_table
 
-            return predict_table(table, self.world_size, self.info.local_world_size)
-        table.check_fits(self.world_size, ranks_per_node=self.info.local_world_size)
+            return predict_table(table, info.world_size, info.local_world_size)
+        table.check_fits(info.world_size, ranks_per_node=info.local_world_size)
         return table
+
+    def _online_tuner(self, cfg):
+        """`tuning: auto`: learn per (op, size bucket) on first use; `tuning_save` keeps it."""
+        from .tuning.online import OnlineTuner
+
+        return OnlineTuner(self, BUILTIN_ORDER["cpu"], save_path=cfg.tuning_save)
 
     def new_group(self, ranks) -> Group:
         ranks = sorted(set(int(r) for r in ranks))
@@ -190,8 +196,8 @@ class Runtime:
             self._require(name, family, why)
         else:
             table = self.table
-            if table is None:
-                entry = None
+            if table is None or device_type != table.device:
+                entry = None  # a table speaks for the device its tensors were measured on
             elif table.online:  # may measure the candidates now, together with the group
                 entry = table.decide(family, nbytes, group, dtype, device_type, reduce_op)
             else:

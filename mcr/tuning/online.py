@@ -36,6 +36,8 @@ def bucket(nbytes: int) -> tuple:
 class OnlineTuner:
     online = True
 
+    device = "cpu"  # it measures CPU tensors only
+
     def __init__(self, rt, order, save_path=None, margin=DEFAULT_MARGIN, iters=20, warmup=2, rounds=2, chunks=(1 << 20,)):
         self.rt = rt
         self.order = tuple(order)  # preferred backends first: the incumbent each candidate must beat

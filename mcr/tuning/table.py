@@ -119,6 +119,10 @@ class TuningTable:
                 return rows[i].choice
         return None
 
+    @property
+    def device(self) -> str:
+        return self.fingerprint.get("device", "cpu")
+
     def depends_on_size(self, op: str, group_size: int) -> bool:
         """True when this op's choice differs between message sizes at this group size."""
         choices = {e.choice for e in self.entries if e.op == op and e.group_size == group_size}
