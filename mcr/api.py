@@ -229,38 +229,31 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     return rt.run("all_gather", b, g, nbytes, async_op, b.all_gather_into_tensor, g.comms[b.name], output_tensor, input_tensor, async_op)
 
 
-def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, backend=None):
+def _rooted(family, tensor, tensors, root_rank, group, async_op, backend):
+    """gather and scatter: only the root passes the list; its checks run there alone."""
     rt, g = runtime(), _group(group)
-    root = g.group_rank(dst)
-    _check("gather", tensor)
+    root = g.group_rank(root_rank)
+    what = "gather_list" if family == "gather" else "scatter_list"
+    _check(family, tensor)
     if g.rank == root:
-        if gather_list is None:
-            raise ValueError("mcr.gather: the destination rank must pass gather_list")
-        _check("gather", *gather_list)
-        _list_len("gather", "gather_list", gather_list, g.size)
-        _same_dtype("gather", tensor, gather_list)
+        if tensors is None:
+            raise ValueError(f"mcr.{family}: rank {root_rank}, the root, must pass {what}")
+        _check(family, *tensors)
+        _list_len(family, what, tensors, g.size)
+        _same_dtype(family, tensor, tensors)
     else:
-        gather_list = None
+        tensors = None
     nbytes = tensor.nbytes * g.size
-    b, _ = rt.choose("gather", nbytes, g, tensor.dtype, _device(tensor), backend)
-    return rt.run("gather", b, g, nbytes, async_op, b.gather, g.comms[b.name], tensor, gather_list, root, async_op)
+    b, _ = rt.choose(family, nbytes, g, tensor.dtype, _device(tensor), backend)
+    return rt.run(family, b, g, nbytes, async_op, getattr(b, family), g.comms[b.name], tensor, tensors, root, async_op)
+
+
+def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, backend=None):
+    return _rooted("gather", tensor, gather_list, dst, group, async_op, backend)
 
 
 def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, backend=None):
-    rt, g = runtime(), _group(group)
-    root = g.group_rank(src)
-    _check("scatter", tensor)
-    if g.rank == root:
-        if scatter_list is None:
-            raise ValueError("mcr.scatter: the source rank must pass scatter_list")
-        _check("scatter", *scatter_list)
-        _list_len("scatter", "scatter_list", scatter_list, g.size)
-        _same_dtype("scatter", tensor, scatter_list)
-    else:
-        scatter_list = None
-    nbytes = tensor.nbytes * g.size
-    b, _ = rt.choose("scatter", nbytes, g, tensor.dtype, _device(tensor), backend)
-    return rt.run("scatter", b, g, nbytes, async_op, b.scatter, g.comms[b.name], tensor, scatter_list, root, async_op)
+    return _rooted("scatter", tensor, scatter_list, src, group, async_op, backend)
 
 
 def reduce_scatter(output, input_list, op=_SUM, group=None, async_op=False, backend=None):
