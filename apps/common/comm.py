@@ -2,9 +2,8 @@
 `comm_seconds()` for the step-time split, `finalize_comm()` at the end (prints the comm table).
 
 `comm.backend` is `auto | gloo | mpi | nccl` or a map `{op family: backend, default: backend}`;
-`comm.tuning` is a tuning-table file written by `python -m mcr.tune`, or `auto`. With the mcr
-DeepSpeed hook (mcr/hooks/deepspeed.py) every DeepSpeed collective goes through the mcr runtime,
-which picks the backend per call; without it DeepSpeed runs on plain torch.distributed gloo.
+`comm.tuning` is a tuning-table file written by `python -m mcr.tune`, or `auto` (tuned online).
+Every collective goes through the mcr runtime, which picks the backend per call.
 """
 from __future__ import annotations
 
@@ -62,43 +61,24 @@ def runtime_config(comm, comm_log_json: Optional[str] = None) -> dict:
             "comm_log_json": comm_log_json}
 
 
-def _hook():
-    """mcr's DeepSpeed hook module, or None while it is not part of the installed mcr."""
-    import importlib
-    import importlib.util
-
-    if importlib.util.find_spec("mcr.hooks.deepspeed") is None:
-        return None
-    return importlib.import_module("mcr.hooks.deepspeed")
-
-
-def uses_mcr() -> bool:
-    return _hook() is not None
-
-
 def setup_comm(comm, comm_log_json: Optional[str] = None) -> None:
-    """Start DeepSpeed's communication layer as `comm` asks. Call once, before building the model."""
+    """Start DeepSpeed's communication on the mcr runtime as `comm` asks. Call once, before the
+    model, instead of `deepspeed.init_distributed()`: afterwards every deepspeed.comm op (MoE
+    all-to-all, gating and gradient all-reduce, ZeRO's collectives) goes through the runtime's
+    per-call backend choice. (A DDP or TorchRec trainer would call
+    `mcr.hooks.torch_backend.init_process_group(runtime_config(comm))` instead.)"""
     check_comm(comm)
     import torch
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # quiet DeepSpeed's accelerator probing
-    import deepspeed
+    from mcr.hooks import deepspeed as deepspeed_hook
 
-    hook = _hook()
-    if hook is None:
-        if runtime_config(comm)["backend"] not in ("auto", "gloo") or not isinstance(comm.backend, str):
-            raise ConfigError(f"comm.backend={comm.backend} needs the mcr DeepSpeed hook (mcr/hooks/deepspeed.py), "
-                              "which is not installed; use comm.backend=gloo")
-        deepspeed.init_distributed(dist_backend="gloo")
-        return
-    hook.install(runtime_config(comm, comm_log_json))  # instead of deepspeed.init_distributed()
+    deepspeed_hook.install(runtime_config(comm, comm_log_json))
 
 
 def comm_seconds() -> Optional[float]:
     """Seconds spent in communication so far on this rank, when the runtime measures it."""
-    if not uses_mcr():
-        return None
     import mcr
 
     if not mcr.is_initialized() or mcr.runtime().comm_log is None:
@@ -113,8 +93,7 @@ def finalize_comm() -> None:
 
     if dist.is_initialized():
         dist.destroy_process_group()  # the "mcr" default group finalizes the runtime it started
-    if uses_mcr():
-        import mcr
+    import mcr
 
-        if mcr.is_initialized():
-            mcr.finalize()
+    if mcr.is_initialized():
+        mcr.finalize()

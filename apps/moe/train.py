@@ -16,7 +16,7 @@ import time
 import torch
 
 from apps.common.checkpoint import latest_tag, mark_latest, step_of, tag_for
-from apps.common.comm import comm_seconds, finalize_comm, setup_comm, uses_mcr
+from apps.common.comm import comm_seconds, finalize_comm, setup_comm
 from apps.common.config import load_config, save_resolved, to_dict, write_atomic
 from apps.common.data import TokenBatches
 from apps.common.metrics import Meter, MetricsLog
@@ -50,7 +50,7 @@ def main(argv=None) -> dict:
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     torch.set_num_threads(cfg.train.threads or max(1, (os.cpu_count() or 1) // launch.local_world_size))
 
-    # 2. Communication: DeepSpeed's comm layer, routed through the mcr runtime.
+    # 2. Communication: DeepSpeed's comm layer on the mcr runtime (mcr.hooks.deepspeed).
     setup_comm(cfg.comm, comm_log_json=os.path.join(run_dir, "comm_log.json"))
     import deepspeed
     import deepspeed.comm as dist
@@ -91,7 +91,7 @@ def main(argv=None) -> dict:
                      resume=start > 0, progress=cfg.progress, start_step=start)
     log.print(
         f"moe: {world} ranks, {engine.__class__.__name__} ZeRO-{t.zero_stage} {t.precision}, comm "
-        f"{'mcr ' + str(cfg.comm.backend) if uses_mcr() else 'plain DeepSpeed gloo (mcr hook not installed)'}; "
+        f"mcr {cfg.comm.backend}{' tuned by ' + cfg.comm.tuning if cfg.comm.tuning else ''}; "
         f"{model.num_moe_layers()} MoE layers x {cfg.model.num_experts} experts (ep {cfg.model.ep_size} x dp {world // cfg.model.ep_size}, top-{cfg.model.top_k}); "
         f"{total_params / 1e6:.2f}M params on rank 0 ({expert_params / 1e6:.2f}M expert); "
         f"{'resuming at step ' + str(start) if start else 'starting'} -> {end}; run dir {run_dir}"
@@ -160,7 +160,7 @@ def main(argv=None) -> dict:
     fast = sorted(step_times)[len(step_times) // 10] if step_times else float("nan")
     comms = [c for c in step_comm if c is not None]
     summary = {
-        "steps": end - start, "world_size": world, "comm_backend": to_dict(cfg.comm)["backend"], "mcr": uses_mcr(),
+        "steps": end - start, "world_size": world, "comm_backend": to_dict(cfg.comm)["backend"],
         "wall_s": time.perf_counter() - started, "median_step_ms": median * 1e3, "p10_step_ms": fast * 1e3,
         "tokens_per_s": meter.tokens_per_step / median, "samples_per_s": meter.samples_per_step / median,
         "p10_tokens_per_s": meter.tokens_per_step / fast,

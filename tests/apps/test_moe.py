@@ -10,20 +10,18 @@ import pytest
 import torch
 
 from apps.common.config import ConfigError, load_config
-from apps.common.comm import uses_mcr
 from apps.moe.config import MoEConfig, validate
 from apps.moe.train import main
 from tests.ranks import REPO, run_ranks
 
 TINY = os.path.join(REPO, "configs", "moe", "tiny.yaml")
-# Backend choices the trainer accepts; every one but gloo needs the mcr DeepSpeed hook.
+# Backend choices: each goes through the mcr runtime (mcr.hooks.deepspeed).
 BACKENDS = {
     "gloo": "comm.backend=gloo",
     "mpi": "comm.backend=mpi",
     "auto": "comm.backend=auto",
     "per-op": "comm.backend={all_to_all: mpi, default: gloo}",
 }
-needs_hook = pytest.mark.skipif(not uses_mcr(), reason="mcr/hooks/deepspeed.py is not installed yet")
 
 
 def train(tmp_dir, name, *overrides, nprocs=2, launcher="mpiexec", timeout=300):
@@ -49,7 +47,7 @@ def backend_runs(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("choice", [c if c == "gloo" else pytest.param(c, marks=needs_hook) for c in BACKENDS])
+@pytest.mark.parametrize("choice", list(BACKENDS))
 def test_loss_decreases_on_the_tiny_preset(backend_runs, choice):
     _, metrics, _ = backend_runs(choice)
     losses = [m["loss"] for m in metrics]
@@ -59,7 +57,6 @@ def test_loss_decreases_on_the_tiny_preset(backend_runs, choice):
     assert metrics[-1]["tokens_per_s"] > 0 and metrics[-1]["aux_loss"] > 0
 
 
-@needs_hook
 @pytest.mark.parametrize("choice", ["mpi", "auto", "per-op"])
 def test_every_backend_choice_gives_the_same_losses_as_gloo(backend_runs, choice):
     reference = [m["loss"] for m in backend_runs("gloo")[1]]
@@ -67,7 +64,6 @@ def test_every_backend_choice_gives_the_same_losses_as_gloo(backend_runs, choice
     assert losses == pytest.approx(reference, abs=1e-4)
 
 
-@needs_hook
 def test_comm_table_printed_at_the_end_names_the_chosen_backends(backend_runs):
     output, metrics, _ = backend_runs("per-op")
     table = output[output.index("mcr communication log"):]
@@ -76,7 +72,6 @@ def test_comm_table_printed_at_the_end_names_the_chosen_backends(backend_runs):
     assert "comm_ms" in metrics[-1]  # the step time is split once the runtime measures comm
 
 
-@needs_hook
 @pytest.mark.parametrize("choice", ["gloo", "mpi"])
 def test_single_backend_choice_runs_every_deepspeed_collective_on_it(backend_runs, choice):
     output = backend_runs(choice)[0]
