@@ -7,8 +7,10 @@ which is exactly what DeepSpeed's ``PipelineModule`` needs. Layers that carry mo
 torchvision is not available beside this torch, so VGG-16 and ResNet-50 are rebuilt here with the
 same layer structure, scaled down by ``width`` (default 1/4 of the channels, 224x224 images) so
 that a CPU profile takes seconds. Width scales parameters and FLOPs alike (both go as width^2),
-so the ratio of compute to gradient traffic, which decides pipeline against data parallelism,
-stays that of the full-size model. GNMT-like and GPT-like are scaled the same way (dim 256).
+so the ratio of compute to gradient all-reduce traffic stays that of the full-size model; the
+activations sent between stages shrink only as width, so at 1/4 width they weigh 4x more against
+compute than in the full-size model, which handicaps pipelines of these stacks. GNMT-like and
+GPT-like are scaled the same way (dim 256).
 """
 from dataclasses import dataclass
 from typing import Callable
