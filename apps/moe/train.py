@@ -8,6 +8,7 @@ validation and checkpoints -> communication table.
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -170,8 +171,6 @@ def main(argv=None) -> dict:
               f"{summary['tokens_per_s']:,.0f} tok/s, {summary['samples_per_s']:,.1f} samples/s"
               + (f", comm {summary['comm_ms']:.1f} ms/step" if summary["comm_ms"] is not None else ""))
     if rank == 0:
-        import json
-
         write_atomic(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1))
     log.close()
     dist.barrier()
