@@ -8,7 +8,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export WANDB_MODE ?= offline
 
-.PHONY: setup run test bench tune clean
+.PHONY: setup run test bench tune compare clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,13 +21,16 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 setup: $(STAMP)
 
 run: setup
-	$(PY) -m launch.local -n 2 -m mcr.bench --ops all_reduce,all_to_all --max-bytes 4M
+	$(PY) -m launch.local -n 2 -m apps.moe --config configs/moe/default.yaml
 
 test: setup
 	$(PY) -m pytest -q tests
 
 bench: setup
 	$(PY) -m launch.local -n 2 -m mcr.bench
+
+compare: setup
+	$(PY) -m apps.moe.compare -n 2 --repeats 3
 
 tune: setup
 	$(PY) -m launch.local -n 2 -m mcr.tune --out runs/tuning/table.yaml

@@ -36,6 +36,8 @@ def make_call(op, nbytes, backend=None, dtype=torch.float32, group=None, chunk_b
     rank = api.get_rank(group)
     count = _elements(op, nbytes, torch.tensor([], dtype=dtype).element_size(), n)
     x = torch.ones(count, dtype=dtype)
+    ranks = api.runtime().world.ranks if group is None else group.ranks
+    root = ranks[0]  # a global rank: groups such as DeepSpeed's expert groups may not hold rank 0
     if op == "all_reduce" and chunk_bytes and x.nbytes > chunk_bytes:
         parts = x.split(max(1, chunk_bytes // x.element_size()))
 
@@ -47,9 +49,9 @@ def make_call(op, nbytes, backend=None, dtype=torch.float32, group=None, chunk_b
     if op == "all_reduce":
         return (lambda: api.all_reduce(x, group=group, backend=backend)), x.nbytes
     if op == "reduce":
-        return (lambda: api.reduce(x, 0, group=group, backend=backend)), x.nbytes
+        return (lambda: api.reduce(x, root, group=group, backend=backend)), x.nbytes
     if op == "broadcast":
-        return (lambda: api.broadcast(x, 0, group=group, backend=backend)), x.nbytes
+        return (lambda: api.broadcast(x, root, group=group, backend=backend)), x.nbytes
     if op == "all_gather":
         part = torch.ones(count // n, dtype=dtype)
         return (lambda: api.all_gather_into_tensor(x, part, group=group, backend=backend)), x.nbytes
@@ -60,7 +62,6 @@ def make_call(op, nbytes, backend=None, dtype=torch.float32, group=None, chunk_b
         out = torch.empty_like(x)
         return (lambda: api.all_to_all_single(out, x, group=group, backend=backend)), x.nbytes
     if op == "send_recv":
-        ranks = api.runtime().world.ranks if group is None else group.ranks
         first, second = ranks[0], ranks[1]
 
         def ping_pong():  # ranks beyond the first two idle; timed as one round trip
