@@ -9,7 +9,6 @@ import logging
 import sys
 
 import torch
-import torch.distributed as dist
 
 from . import config as config_mod
 from . import env as launch_env
@@ -123,6 +122,15 @@ def _same_dtype(name, reference, tensors):
             raise TypeError(f"mcr.{name}: dtypes differ ({reference.dtype} and {t.dtype}); use one dtype for all tensors")
 
 
+def _group_multiple(name, whole, whole_name, part, part_name, group_size):
+    """Tensor collectives: one side holds the group size times the other's elements."""
+    if whole.numel() != part.numel() * group_size:
+        raise ValueError(
+            f"mcr.{name}: {whole_name} has {whole.numel()} elements, expected "
+            f"{group_size} x {part.numel()} (group size x {part_name})"
+        )
+
+
 def _list_len(name, what, tensors, group_size):
     if len(tensors) != group_size:
         raise ValueError(f"mcr.{name}: {what} has {len(tensors)} tensors but the group has {group_size} ranks")
@@ -219,11 +227,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     rt, g = runtime(), _group(group)
     _check("all_gather_into_tensor", output_tensor, input_tensor)
     _same_dtype("all_gather_into_tensor", input_tensor, [output_tensor])
-    if output_tensor.numel() != input_tensor.numel() * g.size:
-        raise ValueError(
-            f"mcr.all_gather_into_tensor: output has {output_tensor.numel()} elements, expected "
-            f"{g.size} x {input_tensor.numel()} (group size x input)"
-        )
+    _group_multiple("all_gather_into_tensor", output_tensor, "output", input_tensor, "input", g.size)
     nbytes = output_tensor.nbytes
     b, _ = rt.choose("all_gather", nbytes, g, input_tensor.dtype, _device(input_tensor), backend)
     return rt.run("all_gather", b, g, nbytes, async_op, b.all_gather_into_tensor, g.comms[b.name], output_tensor, input_tensor, async_op)
@@ -272,11 +276,7 @@ def reduce_scatter_tensor(output, input, op=_SUM, group=None, async_op=False, ba
     rt, g = runtime(), _group(group)
     _check("reduce_scatter_tensor", output, input)
     _same_dtype("reduce_scatter_tensor", output, [input])
-    if input.numel() != output.numel() * g.size:
-        raise ValueError(
-            f"mcr.reduce_scatter_tensor: input has {input.numel()} elements, expected "
-            f"{g.size} x {output.numel()} (group size x output)"
-        )
+    _group_multiple("reduce_scatter_tensor", input, "input", output, "output", g.size)
     op, after = _average("reduce_scatter_tensor", output, op, g.size)
     b, _ = rt.choose("reduce_scatter", input.nbytes, g, input.dtype, _device(input), backend, op)
     result = rt.run("reduce_scatter", b, g, input.nbytes, async_op, b.reduce_scatter_tensor, g.comms[b.name], output, input, op, async_op)

@@ -38,7 +38,7 @@ from .commlog import CommLog
 from .config import RuntimeConfig
 from .group import Group
 from .ops import dtype_name
-from .tuning.table import Choice, TuningTable
+from .tuning.table import TuningTable
 from .watchdog import Watchdog
 
 log = logging.getLogger("mcr")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 
 from launch.local import mpiexec_command, torchrun_command
@@ -57,4 +56,3 @@ def run_script(nprocs: int, path: str, *args, launcher="mpiexec", env=None, time
     return run_ranks(nprocs, [path, *map(str, args)], launcher=launcher, env=env, timeout=timeout)
 
 
-PYTHON = sys.executable

@@ -46,12 +46,16 @@ class TorchDistBackend(Backend):
         work.wait()
         return None
 
-    def _ar_opts(self, op):
-        opts = self._allreduce_opts.get(op)
+    @staticmethod
+    def _reduce_opts(cache, make, op):
+        opts = cache.get(op)
         if opts is None:
-            opts = self._allreduce_opts[op] = dist.AllreduceOptions()
+            opts = cache[op] = make()
             opts.reduceOp = REDUCE_OPS[op]
         return opts
+
+    def _ar_opts(self, op):
+        return self._reduce_opts(self._allreduce_opts, dist.AllreduceOptions, op)
 
     def all_reduce(self, g, tensor, op, async_op):
         return self._finish(g.allreduce([tensor], self._ar_opts(op)), async_op)
@@ -85,11 +89,7 @@ class TorchDistBackend(Backend):
         return self._finish(g.scatter([tensor], inputs, opts), async_op)
 
     def _rs_opts(self, op):
-        opts = self._reduce_scatter_opts.get(op)
-        if opts is None:
-            opts = self._reduce_scatter_opts[op] = dist.ReduceScatterOptions()
-            opts.reduceOp = REDUCE_OPS[op]
-        return opts
+        return self._reduce_opts(self._reduce_scatter_opts, dist.ReduceScatterOptions, op)
 
     def reduce_scatter(self, g, output, input_list, op, async_op):
         return self._finish(g.reduce_scatter([output], [input_list], self._rs_opts(op)), async_op)

@@ -1,5 +1,4 @@
 """apps/common: config loading and its errors, data, checkpoints bookkeeping, metrics (in-process)."""
-import json
 import os
 from dataclasses import dataclass, field
 

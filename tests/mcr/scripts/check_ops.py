@@ -1,7 +1,6 @@
 """Run on every rank: every op on every available backend and on the automatic choice, for
 each dtype and reduce op, checked against a reference computed locally from known inputs."""
 import itertools
-import sys
 
 import torch
 
