@@ -8,7 +8,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export WANDB_MODE ?= offline
 
-.PHONY: setup run test bench tune compare clean
+.PHONY: setup run test lint bench tune compare clean
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ run: setup
 
 test: setup
 	$(PY) -m pytest -q tests
+
+lint: setup
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/ruff check .
 
 bench: setup
 	$(PY) -m launch.local -n 2 -m mcr.bench

@@ -1,11 +1,11 @@
 """``python -m bapipe {profile,plan,simulate,link,compare,report}``: see each command's --help."""
+
 import argparse
 import json
 import sys
 
 from .cluster import Cluster
-from .explore import (SCHEDULES, CostModel, InfeasibleError, baseline_plan, data_parallel_plan, optimal_plan,
-                      search)
+from .explore import SCHEDULES, CostModel, InfeasibleError, baseline_plan, data_parallel_plan, optimal_plan, search
 from .profile import Profile
 
 
@@ -22,35 +22,48 @@ def _model_kwargs(pairs):
 def cmd_profile(args):
     from .models import build
     from .profile import profile_stack
-    profile = profile_stack(build(args.model, **_model_kwargs(args.model_arg)), args.micro_batch,
-                            repeats=args.repeats, threads=args.threads)
+
+    profile = profile_stack(
+        build(args.model, **_model_kwargs(args.model_arg)), args.micro_batch, repeats=args.repeats, threads=args.threads
+    )
     profile.save(args.out)
     print(f"{profile.model}: {profile.num_layers} layers at micro-batch {args.micro_batch} -> {args.out}")
     for layer in profile.layers:
-        print(f"  {layer.name:<24} fwd {layer.forward_s * 1e3:8.2f} ms  bwd {layer.backward_s * 1e3:8.2f} ms  "
-              f"params {layer.param_bytes / 2**20:7.2f} MiB  stash {layer.activation_bytes / 2**20:7.2f} MiB")
+        print(
+            f"  {layer.name:<24} fwd {layer.forward_s * 1e3:8.2f} ms  bwd {layer.backward_s * 1e3:8.2f} ms  "
+            f"params {layer.param_bytes / 2**20:7.2f} MiB  stash {layer.activation_bytes / 2**20:7.2f} MiB"
+        )
 
 
 def describe(plan, sim=None):
-    lines = [f"{plan.label}: {plan.schedule}, {len(plan.stages)} stage(s) x {plan.replicas} replica(s), "
-             f"{plan.microbatches} micro-batch(es) per pipeline: iteration {plan.iteration_s * 1e3:.1f} ms"
-             + (f" (simulated {sim.iteration_s * 1e3:.1f} ms, bubble {sim.bubble_fraction:.1%})" if sim else "")
-             + f", {plan.samples_per_s:.1f} samples/s"]
+    lines = [
+        f"{plan.label}: {plan.schedule}, {len(plan.stages)} stage(s) x {plan.replicas} replica(s), "
+        f"{plan.microbatches} micro-batch(es) per pipeline: iteration {plan.iteration_s * 1e3:.1f} ms"
+        + (f" (simulated {sim.iteration_s * 1e3:.1f} ms, bubble {sim.bubble_fraction:.1%})" if sim else "")
+        + f", {plan.samples_per_s:.1f} samples/s"
+    ]
     for s, st in enumerate(plan.stages):
         flag = "" if st.memory_bytes <= st.memory_limit else "  OVER MEMORY"
-        lines.append(f"  stage {s}: layers {st.start}-{st.stop - 1}  per micro-batch {st.busy_s * 1e3:7.2f} ms  "
-                     f"memory {st.memory_bytes / 2**20:9.1f} MiB / {st.memory_limit / 2**20:.0f} MiB{flag}")
+        lines.append(
+            f"  stage {s}: layers {st.start}-{st.stop - 1}  per micro-batch {st.busy_s * 1e3:7.2f} ms  "
+            f"memory {st.memory_bytes / 2**20:9.1f} MiB / {st.memory_limit / 2**20:.0f} MiB{flag}"
+        )
     if plan.notes.get("partition_method"):
-        lines.append(f"  DeepSpeed: PipelineModule(layers, partition_method=\"{plan.notes['partition_method']}\") "
-                     f"cuts it the same way (parts {plan.deepspeed_parts})")
+        lines.append(
+            f'  DeepSpeed: PipelineModule(layers, partition_method="{plan.notes["partition_method"]}") '
+            f"cuts it the same way (parts {plan.deepspeed_parts})"
+        )
     elif plan.schedule != "data-parallel":
-        lines.append(f"  DeepSpeed: PipelineModule parts {plan.deepspeed_parts} "
-                     f"(bapipe.pipeline_run.planned_pipeline_module(layers, {plan.deepspeed_parts}, ...))")
+        lines.append(
+            f"  DeepSpeed: PipelineModule parts {plan.deepspeed_parts} "
+            f"(bapipe.pipeline_run.planned_pipeline_module(layers, {plan.deepspeed_parts}, ...))"
+        )
     return "\n".join(lines)
 
 
 def cmd_plan(args):
     from .simulate import draw_timeline, simulate
+
     profile, cluster = Profile.load(args.profile), Cluster.load(args.cluster)
     if args.stages is None:
         return _search(args, profile, cluster)
@@ -64,21 +77,30 @@ def cmd_plan(args):
     if args.timeline:
         draw_timeline(sim, args.timeline, f"{profile.model} {args.schedule} parts {plan.deepspeed_parts}")
     same = [b.label for b in baselines if b.deepspeed_parts == plan.deepspeed_parts]
-    plan.notes["partition_method"] = same[0] if same else None   # DeepSpeed would cut it the same way
+    plan.notes["partition_method"] = same[0] if same else None  # DeepSpeed would cut it the same way
     if args.json:
         out = plan.to_json()
-        out.update(partition_method=plan.notes["partition_method"],simulated_iteration_s=sim.iteration_s, bubble_fraction=sim.bubble_fraction,
-                   peak_memory_bytes=sim.peak_memory_bytes,
-                   baselines={b.label: b.to_json() for b in baselines + [dp]})
+        out.update(
+            partition_method=plan.notes["partition_method"],
+            simulated_iteration_s=sim.iteration_s,
+            bubble_fraction=sim.bubble_fraction,
+            peak_memory_bytes=sim.peak_memory_bytes,
+            baselines={b.label: b.to_json() for b in baselines + [dp]},
+        )
         print(json.dumps(out, indent=1))
         return
     print(describe(plan, sim))
     for other in baselines + [dp]:
         fits = "" if other.notes["fits_memory"] else " (does not fit in memory)"
-        print(f"  vs {other.label:<14} {other.iteration_s * 1e3:9.1f} ms{fits}: planned is "
-              f"{other.iteration_s / plan.iteration_s:.2f}x as fast"
-              + (f", parts {other.deepspeed_parts}" if other.schedule != "data-parallel" else
-                 f", {other.microbatches} micro-batch(es) per device"))
+        print(
+            f"  vs {other.label:<14} {other.iteration_s * 1e3:9.1f} ms{fits}: planned is "
+            f"{other.iteration_s / plan.iteration_s:.2f}x as fast"
+            + (
+                f", parts {other.deepspeed_parts}"
+                if other.schedule != "data-parallel"
+                else f", {other.microbatches} micro-batch(es) per device"
+            )
+        )
     best = min([plan] + [b for b in baselines + [dp] if b.notes["fits_memory"]], key=lambda p: p.iteration_s)
     print(f"best: {best.label}")
 
@@ -88,44 +110,63 @@ def _search(args, profile, cluster):
     if args.json:
         print(json.dumps({**best.to_json(), "candidates": [p.to_json() for p in tried]}, indent=1))
         return
-    print(f"searched {len(tried)} feasible configurations of {profile.model} on {cluster.name} "
-          f"({cluster.size} devices, at most {args.max_microbatches} micro-batches per iteration)")
+    print(
+        f"searched {len(tried)} feasible configurations of {profile.model} on {cluster.name} "
+        f"({cluster.size} devices, at most {args.max_microbatches} micro-batches per iteration)"
+    )
     top = {}
-    for plan in tried:   # the best of each (stages, schedule)
+    for plan in tried:  # the best of each (stages, schedule)
         key = (len(plan.stages), plan.schedule)
         if key not in top or plan.samples_per_s > top[key].samples_per_s:
             top[key] = plan
-    print(f"  {'stages':>6} {'replicas':>8} {'schedule':<14} {'micro':>5} {'iteration ms':>12} {'samples/s':>10}  parts")
+    print(
+        f"  {'stages':>6} {'replicas':>8} {'schedule':<14} {'micro':>5} {'iteration ms':>12} {'samples/s':>10}  parts"
+    )
     for plan in sorted(top.values(), key=lambda p: -p.samples_per_s):
-        print(f"  {len(plan.stages):>6} {plan.replicas:>8} {plan.schedule:<14} {plan.microbatches:>5} "
-              f"{plan.iteration_s * 1e3:12.1f} {plan.samples_per_s:10.1f}  {plan.deepspeed_parts}")
+        print(
+            f"  {len(plan.stages):>6} {plan.replicas:>8} {plan.schedule:<14} {plan.microbatches:>5} "
+            f"{plan.iteration_s * 1e3:12.1f} {plan.samples_per_s:10.1f}  {plan.deepspeed_parts}"
+        )
     runner_up = sorted(top.values(), key=lambda p: -p.samples_per_s)[1:2]
     print(describe(best))
     dp = max((p for p in tried if p.schedule == "data-parallel"), key=lambda p: p.samples_per_s, default=None)
-    print(f"pure data parallelism: " + (f"{dp.samples_per_s:.1f} samples/s, the winner is "
-                                       f"{best.samples_per_s / dp.samples_per_s:.2f}x as fast" if dp
-                                       else "does not fit in memory"))
+    print(
+        "pure data parallelism: "
+        + (
+            f"{dp.samples_per_s:.1f} samples/s, the winner is {best.samples_per_s / dp.samples_per_s:.2f}x as fast"
+            if dp
+            else "does not fit in memory"
+        )
+    )
     if runner_up:
-        print(f"won: {len(best.stages)} stages, {best.schedule}, {best.microbatches} micro-batches, "
-              f"{best.samples_per_s / runner_up[0].samples_per_s:.2f}x the runner-up "
-              f"({len(runner_up[0].stages)} stages, {runner_up[0].schedule})")
+        print(
+            f"won: {len(best.stages)} stages, {best.schedule}, {best.microbatches} micro-batches, "
+            f"{best.samples_per_s / runner_up[0].samples_per_s:.2f}x the runner-up "
+            f"({len(runner_up[0].stages)} stages, {runner_up[0].schedule})"
+        )
 
 
 def cmd_simulate(args):
     from .simulate import draw_timeline, simulate
+
     profile, cluster = Profile.load(args.profile), Cluster.load(args.cluster)
     model = CostModel(profile, cluster, args.stages, args.microbatches, args.schedule, replicas=args.replicas)
-    plan = model.plan([int(v) for v in args.boundaries.split(",")], label="given") if args.boundaries \
+    plan = (
+        model.plan([int(v) for v in args.boundaries.split(",")], label="given")
+        if args.boundaries
         else optimal_plan(model)
+    )
     sim = simulate(plan)
     draw_timeline(sim, args.png, f"{profile.model} {args.schedule} parts {plan.deepspeed_parts}")
     print(describe(plan, sim))
-    print(f"  peak memory per stage (MiB): {[round(b / 2**20, 1) for b in sim.peak_memory_bytes]}; "
-          f"timeline -> {args.png}")
+    print(
+        f"  peak memory per stage (MiB): {[round(b / 2**20, 1) for b in sim.peak_memory_bytes]}; timeline -> {args.png}"
+    )
 
 
 def cmd_link(args):
     from .link_measure import measure_p2p
+
     link, points = measure_p2p()
     for size, seconds in points:
         print(f"# {size:>9} B  {seconds * 1e6:9.1f} us one way")
@@ -134,12 +175,15 @@ def cmd_link(args):
 
 def cmd_compare(args):
     from .report import prediction_vs_reality
-    prediction_vs_reality(args.cluster, microbatches=args.microbatches, micro_batch=args.micro_batch,
-                          iters=args.iters, out=args.out)
+
+    prediction_vs_reality(
+        args.cluster, microbatches=args.microbatches, micro_batch=args.micro_batch, iters=args.iters, out=args.out
+    )
 
 
 def cmd_report(args):
     from .report import study
+
     study(args.profiles_dir, args.clusters, max_microbatches=args.max_microbatches, out=args.out)
 
 

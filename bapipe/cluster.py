@@ -12,13 +12,24 @@ YAML, e.g. ``configs/bapipe/fpga-8.yaml``::
 A layer takes its profiled time divided by the device's ``speed``. A link can instead be read
 from mcr's tuning table: ``link: {tuning_table: path.yaml, op: all_reduce}``.
 """
+
 import re
 from dataclasses import dataclass, field
 
 import yaml
 
-_UNITS = {"": 1, "b": 1, "kb": 1e3, "mb": 1e6, "gb": 1e9, "tb": 1e12,
-          "kib": 2 ** 10, "mib": 2 ** 20, "gib": 2 ** 30, "tib": 2 ** 40}
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 1e3,
+    "mb": 1e6,
+    "gb": 1e9,
+    "tb": 1e12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_number(value, what):
@@ -39,7 +50,7 @@ def parse_number(value, what):
 class Device:
     name: str
     memory_bytes: float
-    speed: float = 1.0   # relative to the machine the profile was measured on
+    speed: float = 1.0  # relative to the machine the profile was measured on
 
 
 @dataclass(frozen=True)
@@ -82,12 +93,13 @@ class Cluster:
     @staticmethod
     def from_dict(raw, source="cluster") -> "Cluster":
         if not isinstance(raw, dict) or not isinstance(raw.get("devices"), list) or not raw["devices"]:
-            raise ValueError(f"{source}: a cluster needs a non-empty `devices` list "
-                             "(each with memory_bytes and speed)")
+            raise ValueError(f"{source}: a cluster needs a non-empty `devices` list (each with memory_bytes and speed)")
         unknown = set(raw) - {"name", "devices", "link", "allreduce", "bytes_per_param_state", "notes"}
         if unknown:
-            raise ValueError(f"{source}: unknown keys {sorted(unknown)}; allowed: name, devices, link, "
-                             "allreduce, bytes_per_param_state, notes")
+            raise ValueError(
+                f"{source}: unknown keys {sorted(unknown)}; allowed: name, devices, link, "
+                "allreduce, bytes_per_param_state, notes"
+            )
         devices = []
         for i, entry in enumerate(raw["devices"]):
             if not isinstance(entry, dict) or "memory_bytes" not in entry:
@@ -95,16 +107,24 @@ class Cluster:
             speed = parse_number(entry.get("speed", 1.0), f"{source}: device {i} speed")
             if speed <= 0:
                 raise ValueError(f"{source}: device {i} speed must be positive")
-            device = Device(str(entry.get("name", f"dev{i}")),
-                            parse_number(entry["memory_bytes"], f"{source}: device {i} memory_bytes"), speed)
+            device = Device(
+                str(entry.get("name", f"dev{i}")),
+                parse_number(entry["memory_bytes"], f"{source}: device {i} memory_bytes"),
+                speed,
+            )
             devices += [device] * int(entry.get("count", 1))
         if "link" not in raw:
             raise ValueError(f"{source}: `link` (latency_s, bandwidth_Bps between neighbouring stages) is missing")
         link = _link(raw["link"], f"{source}: link")
         allreduce = _link(raw["allreduce"], f"{source}: allreduce") if "allreduce" in raw else link
-        return Cluster(devices, link, allreduce,
-                       parse_number(raw.get("bytes_per_param_state", 16), f"{source}: bytes_per_param_state"),
-                       name=str(raw.get("name", source)), notes=raw.get("notes") or {})
+        return Cluster(
+            devices,
+            link,
+            allreduce,
+            parse_number(raw.get("bytes_per_param_state", 16), f"{source}: bytes_per_param_state"),
+            name=str(raw.get("name", source)),
+            notes=raw.get("notes") or {},
+        )
 
 
 def _link(raw, what):
@@ -115,8 +135,9 @@ def _link(raw, what):
     missing = {"latency_s", "bandwidth_Bps"} - set(raw)
     if missing:
         raise ValueError(f"{what} lacks {sorted(missing)}")
-    link = Link(parse_number(raw["latency_s"], f"{what} latency_s"),
-                parse_number(raw["bandwidth_Bps"], f"{what} bandwidth_Bps"))
+    link = Link(
+        parse_number(raw["latency_s"], f"{what} latency_s"), parse_number(raw["bandwidth_Bps"], f"{what} bandwidth_Bps")
+    )
     if link.latency_s < 0 or link.bandwidth_Bps <= 0:
         raise ValueError(f"{what}: latency must be >= 0 and bandwidth > 0")
     return link
@@ -125,6 +146,7 @@ def _link(raw, what):
 def fit_link(points):
     """Least-squares latency + bytes/bandwidth through (bytes, seconds) points."""
     import numpy as np
+
     sizes, seconds = np.array(points, dtype=float).T
     slope, intercept = np.polyfit(sizes, seconds, 1)
     if slope <= 0:
@@ -155,7 +177,7 @@ def link_from_tuning_table(path, op="all_reduce"):
     if len(points) < 2:
         raise ValueError(f"{path} has fewer than two measured {op} rows; cannot fit latency and bandwidth")
     fitted = fit_link(points)
-    if op == "all_reduce":   # the table times a whole ring; the cluster describes one hop
+    if op == "all_reduce":  # the table times a whole ring; the cluster describes one hop
         steps = 2 * (group - 1)
         return Link(fitted.latency_s / steps, fitted.bandwidth_Bps * steps / group)
     return fitted

@@ -19,6 +19,7 @@ any completion is monotone in each, so dominated labels can never win and the re
 That is O(p * L^2) transitions times the size of the label sets, which stay small: at most 59
 labels and 0.13 s per configuration on the study's profiles (8 stages, 11-18 layers).
 """
+
 import itertools
 import math
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ SCHEDULES = ("gpipe", "1f1b")
 
 class InfeasibleError(ValueError):
     """No partition fits the devices' memory; ``needed_bytes`` is the smallest memory that would."""
+
     def __init__(self, message, needed_bytes):
         super().__init__(message)
         self.needed_bytes = needed_bytes
@@ -42,12 +44,12 @@ class Stage:
     stop: int
     forward_s: float
     backward_s: float
-    send_forward_s: float    # c_out: output to the next stage, paid after each forward
-    send_backward_s: float   # c_in: input gradient to the previous stage, paid after each backward
-    step_s: float            # gradient all-reduce across replicas + optimizer step
-    static_bytes: float      # weights, gradients, optimizer state
-    stash_bytes: float       # activations stashed per micro-batch in flight
-    memory_bytes: float      # static + planned in-flight micro-batches * stash
+    send_forward_s: float  # c_out: output to the next stage, paid after each forward
+    send_backward_s: float  # c_in: input gradient to the previous stage, paid after each backward
+    step_s: float  # gradient all-reduce across replicas + optimizer step
+    static_bytes: float  # weights, gradients, optimizer state
+    stash_bytes: float  # activations stashed per micro-batch in flight
+    memory_bytes: float  # static + planned in-flight micro-batches * stash
     memory_limit: float
 
     @property
@@ -58,11 +60,11 @@ class Stage:
 @dataclass
 class Plan:
     schedule: str
-    microbatches: int        # per pipeline
+    microbatches: int  # per pipeline
     replicas: int
     stages: list
     iteration_s: float
-    micro_batch: int = 1     # samples per micro-batch (from the profile)
+    micro_batch: int = 1  # samples per micro-batch (from the profile)
     label: str = "planned"
     notes: dict = field(default_factory=dict)
 
@@ -84,29 +86,41 @@ class Plan:
         return self.samples / self.iteration_s
 
     def to_json(self):
-        return {"label": self.label, "schedule": self.schedule, "stages": len(self.stages),
-                "replicas": self.replicas, "microbatches": self.microbatches,
-                "boundaries": self.boundaries, "deepspeed_parts": self.deepspeed_parts,
-                "iteration_s": self.iteration_s, "samples_per_s": self.samples_per_s,
-                "stage_s": [s.busy_s for s in self.stages],
-                "stage_memory_bytes": [s.memory_bytes for s in self.stages]}
+        return {
+            "label": self.label,
+            "schedule": self.schedule,
+            "stages": len(self.stages),
+            "replicas": self.replicas,
+            "microbatches": self.microbatches,
+            "boundaries": self.boundaries,
+            "deepspeed_parts": self.deepspeed_parts,
+            "iteration_s": self.iteration_s,
+            "samples_per_s": self.samples_per_s,
+            "stage_s": [s.busy_s for s in self.stages],
+            "stage_memory_bytes": [s.memory_bytes for s in self.stages],
+        }
 
 
 class CostModel:
     """Costs of any stage [i, j) at position s, for one (p, replicas, schedule, m) configuration."""
 
-    def __init__(self, profile: Profile, cluster: Cluster, stages: int, microbatches: int,
-                 schedule: str, replicas: int = 1):
+    def __init__(
+        self, profile: Profile, cluster: Cluster, stages: int, microbatches: int, schedule: str, replicas: int = 1
+    ):
         if schedule not in SCHEDULES:
             raise ValueError(f"schedule {schedule!r}: choose one of {SCHEDULES}")
         if stages < 1 or microbatches < 1 or replicas < 1:
             raise ValueError("stages, micro-batches and replicas must be at least 1")
         if stages > profile.num_layers:
-            raise ValueError(f"{stages} stages but only {profile.num_layers} layers: a stage cannot be empty; "
-                             f"use at most {profile.num_layers} stages")
+            raise ValueError(
+                f"{stages} stages but only {profile.num_layers} layers: a stage cannot be empty; "
+                f"use at most {profile.num_layers} stages"
+            )
         if stages * replicas > cluster.size:
-            raise ValueError(f"{stages} stages x {replicas} replicas need {stages * replicas} devices, "
-                             f"cluster {cluster.name} has {cluster.size}")
+            raise ValueError(
+                f"{stages} stages x {replicas} replicas need {stages * replicas} devices, "
+                f"cluster {cluster.name} has {cluster.size}"
+            )
         self.profile, self.cluster = profile, cluster
         self.p, self.m, self.schedule, self.replicas = stages, microbatches, schedule, replicas
         layers = profile.layers
@@ -114,6 +128,7 @@ class CostModel:
 
         def prefix(values):
             return list(itertools.accumulate(values, initial=0.0))
+
         self._fwd = prefix(l.forward_s for l in layers)
         self._bwd = prefix(l.backward_s for l in layers)
         self._opt = prefix(l.optimizer_s for l in layers)
@@ -122,8 +137,9 @@ class CostModel:
         self._out = [l.output_bytes for l in layers]
         # the slowest / smallest device among the replicas bounds each stage
         self.speed = [min(cluster.devices[r * stages + s].speed for r in range(replicas)) for s in range(stages)]
-        self.memory = [min(cluster.devices[r * stages + s].memory_bytes for r in range(replicas))
-                       for s in range(stages)]
+        self.memory = [
+            min(cluster.devices[r * stages + s].memory_bytes for r in range(replicas)) for s in range(stages)
+        ]
         self.state_per_param_byte = cluster.bytes_per_param_state / profile.param_dtype_bytes
 
     def in_flight(self, s):
@@ -138,15 +154,19 @@ class CostModel:
         link = self.cluster.link
         params = self._params[j] - self._params[i]
         return Stage(
-            start=i, stop=j,
+            start=i,
+            stop=j,
             forward_s=(self._fwd[j] - self._fwd[i]) / speed,
             backward_s=(self._bwd[j] - self._bwd[i]) / speed,
             send_forward_s=link.time(self._out[j - 1]) if s < self.p - 1 else 0.0,
             send_backward_s=link.time(self._out[i - 1]) if s > 0 else 0.0,
             step_s=(self._opt[j] - self._opt[i]) / speed
             + self.cluster.allreduce.ring_allreduce_time(params, self.replicas),
-            static_bytes=params * self.state_per_param_byte, stash_bytes=self._acts[j] - self._acts[i],
-            memory_bytes=self.memory_bytes(s, i, j), memory_limit=self.memory[s])
+            static_bytes=params * self.state_per_param_byte,
+            stash_bytes=self._acts[j] - self._acts[i],
+            memory_bytes=self.memory_bytes(s, i, j),
+            memory_limit=self.memory[s],
+        )
 
     def label(self, stage: Stage):
         """(sum, max_a, max_b, max_step) contribution of one stage."""
@@ -166,15 +186,24 @@ class CostModel:
     def plan(self, boundaries, label="planned", check_memory=True) -> Plan:
         bad = [b for b in zip(list(boundaries) + [self.L], list(boundaries)[1:] + [self.L + 1]) if b[0] >= b[1]]
         if len(boundaries) != self.p or boundaries[0] != 0 or bad:
-            raise ValueError(f"boundaries {list(boundaries)} must be {self.p} rising first-layer indices from 0 "
-                             f"below {self.L} (no empty stage)")
+            raise ValueError(
+                f"boundaries {list(boundaries)} must be {self.p} rising first-layer indices from 0 "
+                f"below {self.L} (no empty stage)"
+            )
         stages = self.stages_for(boundaries)
         total = [0.0, 0.0, 0.0, 0.0]
         for st in stages:
             lab = self.label(st)
             total = [total[0] + lab[0]] + [max(x, y) for x, y in zip(total[1:], lab[1:])]
-        plan = Plan(self.schedule, self.m, self.replicas, stages, self.objective(total),
-                    micro_batch=self.profile.micro_batch, label=label)
+        plan = Plan(
+            self.schedule,
+            self.m,
+            self.replicas,
+            stages,
+            self.objective(total),
+            micro_batch=self.profile.micro_batch,
+            label=label,
+        )
         plan.notes["fits_memory"] = all(st.memory_bytes <= st.memory_limit for st in stages)
         return plan
 
@@ -239,7 +268,9 @@ def infeasible(model: CostModel) -> InfeasibleError:
         f"no partition of {L} layers into {p} stages ({model.schedule}, {model.m} micro-batches) fits in memory: "
         f"the smallest device memory that would fit is {needed / 2**30:.3f} GiB ({needed:.0f} bytes), "
         f"the cluster gives {have / 2**30:.3f} GiB; use more stages, fewer micro-batches, 1f1b, "
-        f"or devices with more memory", needed)
+        f"or devices with more memory",
+        needed,
+    )
 
 
 def brute_force_plan(model: CostModel) -> Plan:
@@ -258,8 +289,9 @@ def deepspeed_parts(profile: Profile, stages: int, method: str):
     """The boundaries DeepSpeed's ``PipelineModule`` picks with ``partition_method=method``."""
     import contextlib
     import io
-    with contextlib.redirect_stdout(io.StringIO()):   # keep DeepSpeed's import banner out of --json output
-        from deepspeed.runtime import utils as ds_utils   # DeepSpeed's own functions, not a copy
+
+    with contextlib.redirect_stdout(io.StringIO()):  # keep DeepSpeed's import banner out of --json output
+        from deepspeed.runtime import utils as ds_utils  # DeepSpeed's own functions, not a copy
     if method == "uniform":
         parts = ds_utils.partition_uniform(num_items=profile.num_layers, num_parts=stages)
     elif method == "parameters":
@@ -272,7 +304,7 @@ def deepspeed_parts(profile: Profile, stages: int, method: str):
 
 def baseline_plan(model: CostModel, method: str) -> Plan:
     parts = deepspeed_parts(model.profile, model.p, method)
-    if any(a >= b for a, b in zip(parts, parts[1:])):   # DeepSpeed leaves a stage empty here
+    if any(a >= b for a, b in zip(parts, parts[1:])):  # DeepSpeed leaves a stage empty here
         return None
     return model.plan(parts[:-1], label=method)
 
@@ -282,10 +314,11 @@ def data_parallel_plan(profile: Profile, cluster: Cluster, devices: int, microba
     after another (gradient accumulation frees activations between them), then all-reduces."""
     model = CostModel(profile, cluster, 1, microbatches_per_device, "gpipe", replicas=devices)
     stage = model.stage(0, 0, model.L)
-    stage.memory_bytes = stage.static_bytes + stage.stash_bytes   # one micro-batch at a time
+    stage.memory_bytes = stage.static_bytes + stage.stash_bytes  # one micro-batch at a time
     time = model.m * (stage.forward_s + stage.backward_s) + stage.step_s
-    plan = Plan("data-parallel", model.m, devices, [stage], time, micro_batch=profile.micro_batch,
-                label="data-parallel")
+    plan = Plan(
+        "data-parallel", model.m, devices, [stage], time, micro_batch=profile.micro_batch, label="data-parallel"
+    )
     plan.notes["fits_memory"] = stage.memory_bytes <= stage.memory_limit
     return plan
 
@@ -299,7 +332,7 @@ def search(profile: Profile, cluster: Cluster, max_microbatches: int = 64, stage
     tried = []
     for p in counts:
         d = n // p
-        ms = sorted({m for m in (2 ** k for k in range(12)) if m * d <= max_microbatches} | {max_microbatches // d})
+        ms = sorted({m for m in (2**k for k in range(12)) if m * d <= max_microbatches} | {max_microbatches // d})
         for m in [m for m in ms if m >= 1]:
             if p == 1:
                 plan = data_parallel_plan(profile, cluster, d, m)
@@ -312,6 +345,8 @@ def search(profile: Profile, cluster: Cluster, max_microbatches: int = 64, stage
                 except InfeasibleError:
                     pass
     if not tried:
-        raise InfeasibleError(f"no configuration of {profile.model} fits cluster {cluster.name}'s memory; "
-                              "use devices with more memory", math.inf)
+        raise InfeasibleError(
+            f"no configuration of {profile.model} fits cluster {cluster.name}'s memory; use devices with more memory",
+            math.inf,
+        )
     return max(tried, key=lambda pl: pl.samples_per_s), tried

@@ -1,5 +1,6 @@
 """Measure the point-to-point link between two local processes (gloo send/recv on loopback) and
 fit latency + bytes/bandwidth, for the ``link`` entry of a cluster file describing this machine."""
+
 import os
 import socket
 import statistics
@@ -11,7 +12,7 @@ import torch.multiprocessing as mp
 
 from .cluster import fit_link
 
-SIZES = [2 ** k for k in range(12, 23, 2)]   # 4 KiB .. 4 MiB, around a pipeline's activations
+SIZES = [2**k for k in range(12, 23, 2)]  # 4 KiB .. 4 MiB, around a pipeline's activations
 
 
 def _ping_pong(rank, port, repeats, queue):
@@ -30,7 +31,7 @@ def _ping_pong(rank, port, repeats, queue):
             else:
                 dist.recv(buf, 0)
                 dist.send(buf, 0)
-            times.append((time.perf_counter() - start) / 2)   # one way
+            times.append((time.perf_counter() - start) / 2)  # one way
         points.append((size, statistics.median(times[2:])))
     if rank == 0:
         queue.put(points)

@@ -12,6 +12,7 @@ activations sent between stages shrink only as width, so at 1/4 width they weigh
 compute than in the full-size model, which handicaps pipelines of these stacks. GNMT-like and
 GPT-like are scaled the same way (dim 256).
 """
+
 from dataclasses import dataclass
 from typing import Callable
 
@@ -23,9 +24,10 @@ import torch.nn.functional as F
 @dataclass
 class LayerStack:
     """A model as the pipeline sees it: layers in order, a batch maker and the loss."""
+
     name: str
     layers: list
-    make_batch: Callable[[int], tuple]   # micro-batch size -> (inputs, labels)
+    make_batch: Callable[[int], tuple]  # micro-batch size -> (inputs, labels)
     loss_fn: Callable
 
 
@@ -80,6 +82,7 @@ def gpt_like(vocab=8192, dim=256, heads=4, blocks=8, seq_len=128, seed=0) -> Lay
     def make_batch(micro_batch):
         tokens = torch.randint(0, vocab, (micro_batch, seq_len + 1))
         return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
     return LayerStack("gpt-like", layers, make_batch, token_loss)
 
 
@@ -90,6 +93,7 @@ def _conv_relu(cin, cout):
 
 class ConvPool(nn.Module):
     """The last conv of a VGG block, with the block's max-pool."""
+
     def __init__(self, cin, cout):
         super().__init__()
         self.conv = _conv_relu(cin, cout)
@@ -112,6 +116,7 @@ class Classifier(nn.Module):
 def image_batch(image, classes):
     def make_batch(micro_batch):
         return torch.randn(micro_batch, 3, image, image), torch.randint(0, classes, (micro_batch,))
+
     return make_batch
 
 
@@ -127,9 +132,11 @@ def vgg16(width=0.25, image=224, classes=1000, seed=0) -> LayerStack:
             cin = cout
     side = image // 32
     hidden = max(64, int(4096 * width))
-    layers += [Classifier(cin * side * side, hidden, classes),
-               Classifier(hidden, hidden, classes, flatten=False),
-               Classifier(hidden, 0, classes, flatten=False)]
+    layers += [
+        Classifier(cin * side * side, hidden, classes),
+        Classifier(hidden, hidden, classes, flatten=False),
+        Classifier(hidden, 0, classes, flatten=False),
+    ]
     return LayerStack("vgg16", layers, image_batch(image, classes), F.cross_entropy)
 
 
@@ -139,11 +146,20 @@ class Bottleneck(nn.Module):
         super().__init__()
         cout = 4 * mid
         self.body = nn.Sequential(
-            nn.Conv2d(cin, mid, 1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
-            nn.Conv2d(mid, mid, 3, stride=stride, padding=1, bias=False), nn.BatchNorm2d(mid), nn.ReLU(),
-            nn.Conv2d(mid, cout, 1, bias=False), nn.BatchNorm2d(cout))
-        self.skip = (nn.Identity() if stride == 1 and cin == cout else
-                     nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout)))
+            nn.Conv2d(cin, mid, 1, bias=False),
+            nn.BatchNorm2d(mid),
+            nn.ReLU(),
+            nn.Conv2d(mid, mid, 3, stride=stride, padding=1, bias=False),
+            nn.BatchNorm2d(mid),
+            nn.ReLU(),
+            nn.Conv2d(mid, cout, 1, bias=False),
+            nn.BatchNorm2d(cout),
+        )
+        self.skip = (
+            nn.Identity()
+            if stride == 1 and cin == cout
+            else nn.Sequential(nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.BatchNorm2d(cout))
+        )
 
     def forward(self, x):
         return F.relu(self.body(x) + self.skip(x))
@@ -173,7 +189,7 @@ def resnet50(width=0.25, image=224, classes=1000, seed=0) -> LayerStack:
     base = max(8, int(64 * width))
     layers, cin = [Stem(base)], base
     for stage, blocks in enumerate([3, 4, 6, 3]):
-        mid = base * 2 ** stage
+        mid = base * 2**stage
         for i in range(blocks):
             layers.append(Bottleneck(cin, mid, stride=2 if i == 0 and stage > 0 else 1))
             cin = 4 * mid
@@ -194,11 +210,11 @@ class SourceEmbedding(nn.Module):
 
 class EncoderLSTM(nn.Module):
     """GNMT's first encoder layer is bidirectional, the rest are unidirectional with residuals."""
+
     def __init__(self, dim, bidirectional=False, residual=False):
         super().__init__()
         self.residual = residual
-        self.lstm = nn.LSTM(dim, dim // 2 if bidirectional else dim, batch_first=True,
-                            bidirectional=bidirectional)
+        self.lstm = nn.LSTM(dim, dim // 2 if bidirectional else dim, batch_first=True, bidirectional=bidirectional)
 
     def forward(self, inputs):
         x, tgt = inputs
@@ -218,6 +234,7 @@ class TargetEmbedding(nn.Module):
 
 class DecoderLSTM(nn.Module):
     """A decoder LSTM layer fed with dot-product attention over the encoder output."""
+
     def __init__(self, dim, residual=False):
         super().__init__()
         self.residual = residual
@@ -252,6 +269,7 @@ def gnmt_like(vocab=8192, dim=256, depth=4, seq_len=32, seed=0) -> LayerStack:
         # source and target tokens travel as one tensor so the first stage takes a single input
         pair = torch.randint(0, vocab, (micro_batch, 2, seq_len))
         return pair, torch.randint(0, vocab, (micro_batch, seq_len))
+
     return LayerStack("gnmt-like", layers, make_batch, token_loss)
 
 

@@ -4,6 +4,7 @@
 one thread each), and in those processes trains the GPT-like stack once per requested
 partition, so the planner's partition and DeepSpeed's own methods meet the same conditions.
 """
+
 import argparse
 import json
 import os
@@ -28,10 +29,16 @@ def planned_pipeline_module(layers, parts, **kwargs):
         def _partition_layers(self, method="uniform"):
             if not isinstance(method, (list, tuple)):
                 return super()._partition_layers(method)
-            if len(method) != self.num_stages + 1 or method[0] != 0 or method[-1] != len(self._layer_specs) \
-                    or any(a >= b for a, b in zip(method, method[1:])):
-                raise ValueError(f"parts {method} must rise from 0 to {len(self._layer_specs)} "
-                                 f"with {self.num_stages} non-empty stages")
+            if (
+                len(method) != self.num_stages + 1
+                or method[0] != 0
+                or method[-1] != len(self._layer_specs)
+                or any(a >= b for a, b in zip(method, method[1:]))
+            ):
+                raise ValueError(
+                    f"parts {method} must rise from 0 to {len(self._layer_specs)} "
+                    f"with {self.num_stages} non-empty stages"
+                )
             self.parts = list(method)
             stage_id = self._topo.get_coord(self.global_rank).pipe
             self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1])
@@ -49,6 +56,7 @@ def _profile_and_plan(args, dist):
     """Every rank profiles at once, so the profile sees the same shared cores as the pipeline;
     rank 0 plans and tells the others the planned boundaries."""
     import torch
+
     from .cluster import Cluster
     from .explore import CostModel, optimal_plan
     from .profile import profile_stack
@@ -65,9 +73,9 @@ def _profile_and_plan(args, dist):
 
 
 def _worker(args):
-    import torch
     import deepspeed
     import deepspeed.comm as dist
+    import torch
 
     torch.set_num_threads(1)
     deepspeed.init_distributed(dist_backend="gloo")
@@ -78,21 +86,31 @@ def _worker(args):
     runs = []
     for spec in specs:
         parts = [int(v) for v in spec.split(",")] if spec[0].isdigit() else spec
-        stack = build("gpt-like", **json.loads(args.model_kwargs))   # same seed: same weights everywhere
-        module = planned_pipeline_module(stack.layers, parts, num_stages=dist.get_world_size(),
-                                         loss_fn=stack.loss_fn)
+        stack = build("gpt-like", **json.loads(args.model_kwargs))  # same seed: same weights everywhere
+        module = planned_pipeline_module(stack.layers, parts, num_stages=dist.get_world_size(), loss_fn=stack.loss_fn)
         same = [r for r in runs if r["parts"] == [int(v) for v in module.parts]]
-        if same:   # the same boundaries train the same way: measure them once
+        if same:  # the same boundaries train the same way: measure them once
             runs.append({"spec": spec, "twin": same[0], "parts": same[0]["parts"]})
             continue
-        config = {"train_micro_batch_size_per_gpu": args.micro_batch,
-                  "gradient_accumulation_steps": args.microbatches,
-                  "steps_per_print": 10 ** 9, "pipeline": {"activation_checkpoint_interval": 0}}
+        config = {
+            "train_micro_batch_size_per_gpu": args.micro_batch,
+            "gradient_accumulation_steps": args.microbatches,
+            "steps_per_print": 10**9,
+            "pipeline": {"activation_checkpoint_interval": 0},
+        }
         optimizer = torch.optim.Adam([p for p in module.parameters() if p.requires_grad], lr=1e-4)
         engine, _, _, _ = deepspeed.initialize(model=module, optimizer=optimizer, config=config)
         batch = stack.make_batch(args.micro_batch)
-        runs.append({"spec": spec, "engine": engine, "data": iter(lambda: batch, None), "times": [],
-                     "cpu_times": [], "parts": [int(v) for v in module.parts]})
+        runs.append(
+            {
+                "spec": spec,
+                "engine": engine,
+                "data": iter(lambda: batch, None),
+                "times": [],
+                "cpu_times": [],
+                "parts": [int(v) for v in module.parts],
+            }
+        )
     # rounds visit every partition in turn, so a burst of load from elsewhere hits them alike
     for step in range(args.warmup + args.iters):
         for run in (r for r in runs if "twin" not in r):
@@ -110,16 +128,38 @@ def _worker(args):
     if dist.get_rank() == 0:
         cpu = [json.load(open(f"{args.out}.rank{r}")) for r in range(dist.get_world_size())]
         with open(args.out, "w") as f:
-            json.dump([{"partition": r["spec"], "parts": m["parts"], "loss": m["loss"], "shared_with": m["spec"],
-                        "iteration_s": statistics.median(m["times"]), "iterations_s": m["times"],
-                        "stage_cpu_s": [cpu[rank][i] for rank in range(len(cpu))]}
-                       for i, (r, m) in enumerate(zip(runs, measured))], f, indent=1)
+            json.dump(
+                [
+                    {
+                        "partition": r["spec"],
+                        "parts": m["parts"],
+                        "loss": m["loss"],
+                        "shared_with": m["spec"],
+                        "iteration_s": statistics.median(m["times"]),
+                        "iterations_s": m["times"],
+                        "stage_cpu_s": [cpu[rank][i] for rank in range(len(cpu))],
+                    }
+                    for i, (r, m) in enumerate(zip(runs, measured))
+                ],
+                f,
+                indent=1,
+            )
     dist.barrier()
-    torch.distributed.destroy_process_group()   # a clean exit: gloo's threads abort the process otherwise
+    torch.distributed.destroy_process_group()  # a clean exit: gloo's threads abort the process otherwise
 
 
-def run_partitions(partitions, microbatches, micro_batch, iters=4, warmup=2, stages=2,
-                   model_kwargs=None, timeout_s=900, plan_cluster=None, profile_out=None):
+def run_partitions(
+    partitions,
+    microbatches,
+    micro_batch,
+    iters=4,
+    warmup=2,
+    stages=2,
+    model_kwargs=None,
+    timeout_s=900,
+    plan_cluster=None,
+    profile_out=None,
+):
     """Train the GPT-like stack on ``stages`` local processes with each partition in turn.
 
     ``partitions``: each a list of DeepSpeed ``parts``, a ``partition_method`` name, or "planned":
@@ -134,16 +174,50 @@ def run_partitions(partitions, microbatches, micro_batch, iters=4, warmup=2, sta
         out = os.path.join(tmp, "result.json")
         procs = []
         for rank in range(stages):
-            env = dict(os.environ, DS_ACCELERATOR="cpu", RANK=str(rank), LOCAL_RANK=str(rank),
-                       WORLD_SIZE=str(stages), LOCAL_WORLD_SIZE=str(stages), MASTER_ADDR="127.0.0.1",
-                       MASTER_PORT=str(port), OMP_NUM_THREADS="1")
-            cmd = [sys.executable, "-m", "bapipe.pipeline_run", "--partitions", ";".join(specs),
-                   "--microbatches", str(microbatches), "--micro-batch", str(micro_batch),
-                   "--iters", str(iters), "--warmup", str(warmup), "--out", out,
-                   "--model-kwargs", json.dumps(model_kwargs or {}),
-                   "--plan-cluster", str(plan_cluster), "--profile-out", str(profile_out)]
-            procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                          text=True, cwd=os.path.dirname(os.path.dirname(__file__))))
+            env = dict(
+                os.environ,
+                DS_ACCELERATOR="cpu",
+                RANK=str(rank),
+                LOCAL_RANK=str(rank),
+                WORLD_SIZE=str(stages),
+                LOCAL_WORLD_SIZE=str(stages),
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=str(port),
+                OMP_NUM_THREADS="1",
+            )
+            cmd = [
+                sys.executable,
+                "-m",
+                "bapipe.pipeline_run",
+                "--partitions",
+                ";".join(specs),
+                "--microbatches",
+                str(microbatches),
+                "--micro-batch",
+                str(micro_batch),
+                "--iters",
+                str(iters),
+                "--warmup",
+                str(warmup),
+                "--out",
+                out,
+                "--model-kwargs",
+                json.dumps(model_kwargs or {}),
+                "--plan-cluster",
+                str(plan_cluster),
+                "--profile-out",
+                str(profile_out),
+            ]
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    cwd=os.path.dirname(os.path.dirname(__file__)),
+                )
+            )
         logs = []
         try:
             for proc in procs:

@@ -6,6 +6,7 @@ thread's CPU time (one thread, the default), so other work on a shared machine d
 because the last pipeline stage computes it. Stashed bytes are what autograd saves for backward
 (parameters excluded), counted once per storage.
 """
+
 import json
 import statistics
 import time
@@ -24,8 +25,8 @@ class LayerProfile:
     forward_s: float
     backward_s: float
     param_bytes: int
-    activation_bytes: int     # stashed per micro-batch until its backward
-    output_bytes: int         # sent to the next stage per micro-batch
+    activation_bytes: int  # stashed per micro-batch until its backward
+    output_bytes: int  # sent to the next stage per micro-batch
     optimizer_s: float = 0.0  # one optimizer step on this layer's parameters (optional)
 
 
@@ -34,7 +35,7 @@ class Profile:
     layers: list
     model: str = "unknown"
     micro_batch: int = 1
-    param_dtype_bytes: int = 4   # bytes of one parameter, to count parameters from param_bytes
+    param_dtype_bytes: int = 4  # bytes of one parameter, to count parameters from param_bytes
     notes: dict = field(default_factory=dict)
 
     @property
@@ -67,10 +68,16 @@ class Profile:
             bad = [k for k, v in numbers.items() if not isinstance(v, (int, float)) or v < 0]
             if bad:
                 raise ValueError(f"{source}: layer {i} ({entry['name']}) has negative or non-numeric {bad}")
-            layers.append(LayerProfile(name=str(entry["name"]), optimizer_s=float(entry.get("optimizer_s", 0.0)),
-                                       **numbers))
-        return Profile(layers=layers, model=raw.get("model", "unknown"), micro_batch=raw.get("micro_batch", 1),
-                       param_dtype_bytes=raw.get("param_dtype_bytes", 4), notes=raw.get("notes", {}))
+            layers.append(
+                LayerProfile(name=str(entry["name"]), optimizer_s=float(entry.get("optimizer_s", 0.0)), **numbers)
+            )
+        return Profile(
+            layers=layers,
+            model=raw.get("model", "unknown"),
+            micro_batch=raw.get("micro_batch", 1),
+            param_dtype_bytes=raw.get("param_dtype_bytes", 4),
+            notes=raw.get("notes", {}),
+        )
 
 
 def _tensors(value):
@@ -150,13 +157,25 @@ def profile_stack(stack: LayerStack, micro_batch: int, repeats: int = 5, threads
         activation_bytes, out = _stashed_bytes(forward, layer)
         with torch.no_grad():
             x = layer(x)
-        result.append(LayerProfile(
-            name=f"{i}:{layer.__class__.__name__}",
-            forward_s=forward_s, backward_s=backward_s,
-            param_bytes=sum(p.numel() * p.element_size() for p in layer.parameters()),
-            activation_bytes=activation_bytes,
-            output_bytes=0 if i == last else sum(t.numel() * t.element_size() for t in _tensors(x)),
-            optimizer_s=optimizer_s))
-    return Profile(layers=result, model=stack.name, micro_batch=micro_batch,
-                   notes={"threads": threads, "repeats": repeats, "device": "cpu",
-                          "clock": "thread CPU time" if threads == 1 else "wall"})
+        result.append(
+            LayerProfile(
+                name=f"{i}:{layer.__class__.__name__}",
+                forward_s=forward_s,
+                backward_s=backward_s,
+                param_bytes=sum(p.numel() * p.element_size() for p in layer.parameters()),
+                activation_bytes=activation_bytes,
+                output_bytes=0 if i == last else sum(t.numel() * t.element_size() for t in _tensors(x)),
+                optimizer_s=optimizer_s,
+            )
+        )
+    return Profile(
+        layers=result,
+        model=stack.name,
+        micro_batch=micro_batch,
+        notes={
+            "threads": threads,
+            "repeats": repeats,
+            "device": "cpu",
+            "clock": "thread CPU time" if threads == 1 else "wall",
+        },
+    )

@@ -1,4 +1,5 @@
 """Tables: the planner's prediction against a real DeepSpeed pipeline, and a BaPipe-style study."""
+
 import dataclasses
 import glob
 import json
@@ -18,59 +19,93 @@ def stage_cpu_s(plan):
     return [plan.microbatches * (st.forward_s + st.backward_s) + st.step_s for st in plan.stages]
 
 
-def prediction_vs_reality(cluster_path, microbatches=8, micro_batch=4, iters=5, out=None, model_kwargs=None,
-                          methods=("uniform", "parameters")):
+def prediction_vs_reality(
+    cluster_path, microbatches=8, micro_batch=4, iters=5, out=None, model_kwargs=None, methods=("uniform", "parameters")
+):
     """In a real 2-process DeepSpeed pipeline: profile the GPT-like stack (both processes at once,
     as they will run), plan 2 stages (1F1B), train with the planned and DeepSpeed's partitions
     in turn, and print predicted against measured iteration times."""
     from .pipeline_run import run_partitions
 
-    load_before = os.getloadavg()[0]   # the machine may be shared: say how busy it was
+    load_before = os.getloadavg()[0]  # the machine may be shared: say how busy it was
     with tempfile.TemporaryDirectory() as tmp:
         profile_path = os.path.join(tmp, "gpt-like.json")
-        measured = run_partitions(["planned", *methods], microbatches, micro_batch, iters=iters,
-                                  model_kwargs=model_kwargs, plan_cluster=cluster_path, profile_out=profile_path)
+        measured = run_partitions(
+            ["planned", *methods],
+            microbatches,
+            micro_batch,
+            iters=iters,
+            model_kwargs=model_kwargs,
+            plan_cluster=cluster_path,
+            profile_out=profile_path,
+        )
         profile = Profile.load(profile_path)
     model = CostModel(profile, Cluster.load(cluster_path), 2, microbatches, "1f1b")
     plans = [optimal_plan(model)] + [baseline_plan(model, m) for m in methods]
     assert plans[0].deepspeed_parts == measured[0]["parts"], "the workers planned another partition"
     rows = []
-    print(f"GPT-like stack, 2 stages, 1F1B, {microbatches} micro-batches of {micro_batch}, {iters} measured "
-          f"iterations per partition, taken in turn (median and fastest)")
-    print(f"  {'partition':<11} {'parts':<12} {'predicted ms':>12} {'simulated ms':>12} {'fastest ms':>10} "
-          f"{'median ms':>10} {'err fastest':>11} {'err median':>10}")
+    print(
+        f"GPT-like stack, 2 stages, 1F1B, {microbatches} micro-batches of {micro_batch}, {iters} measured "
+        f"iterations per partition, taken in turn (median and fastest)"
+    )
+    print(
+        f"  {'partition':<11} {'parts':<12} {'predicted ms':>12} {'simulated ms':>12} {'fastest ms':>10} "
+        f"{'median ms':>10} {'err fastest':>11} {'err median':>10}"
+    )
     for plan, run in zip(plans, measured):
         sim = simulate(plan)
         fastest = min(run["iterations_s"])
-        rows.append({"partition": plan.label, "parts": plan.deepspeed_parts, "predicted_s": plan.iteration_s,
-                     "simulated_s": sim.iteration_s, "measured_median_s": run["iteration_s"],
-                     "measured_fastest_s": fastest, "measured_all_s": run["iterations_s"],
-                     "error_vs_fastest": plan.iteration_s / fastest - 1,
-                     "error_vs_median": plan.iteration_s / run["iteration_s"] - 1, "loss": run["loss"]})
+        rows.append(
+            {
+                "partition": plan.label,
+                "parts": plan.deepspeed_parts,
+                "predicted_s": plan.iteration_s,
+                "simulated_s": sim.iteration_s,
+                "measured_median_s": run["iteration_s"],
+                "measured_fastest_s": fastest,
+                "measured_all_s": run["iterations_s"],
+                "error_vs_fastest": plan.iteration_s / fastest - 1,
+                "error_vs_median": plan.iteration_s / run["iteration_s"] - 1,
+                "loss": run["loss"],
+            }
+        )
         r = rows[-1]
-        print(f"  {plan.label:<11} {str(plan.deepspeed_parts):<12} {plan.iteration_s * 1e3:12.1f} "
-              f"{sim.iteration_s * 1e3:12.1f} {fastest * 1e3:10.1f} {run['iteration_s'] * 1e3:10.1f} "
-              f"{r['error_vs_fastest']:+11.1%} {r['error_vs_median']:+10.1%}")
+        print(
+            f"  {plan.label:<11} {str(plan.deepspeed_parts):<12} {plan.iteration_s * 1e3:12.1f} "
+            f"{sim.iteration_s * 1e3:12.1f} {fastest * 1e3:10.1f} {run['iteration_s'] * 1e3:10.1f} "
+            f"{r['error_vs_fastest']:+11.1%} {r['error_vs_median']:+10.1%}"
+        )
     load_after = os.getloadavg()[0]
-    print(f"  load average (1 min) on this {os.cpu_count()}-core machine: {load_before:.1f} before, "
-          f"{load_after:.1f} after; above {os.cpu_count()} other work shared the cores")
+    print(
+        f"  load average (1 min) on this {os.cpu_count()}-core machine: {load_before:.1f} before, "
+        f"{load_after:.1f} after; above {os.cpu_count()} other work shared the cores"
+    )
     print("  CPU time per stage and iteration (the compute the model predicts, free of other load):")
     for plan, run, row in zip(plans, measured, rows):
         row["stage_cpu_predicted_s"] = stage_cpu_s(plan)
         row["stage_cpu_measured_s"] = run["stage_cpu_s"]
-        pairs = ", ".join(f"stage {s}: {p * 1e3:.0f} vs {m * 1e3:.0f} ms ({p / m - 1:+.0%})"
-                          for s, (p, m) in enumerate(zip(row["stage_cpu_predicted_s"], run["stage_cpu_s"])))
+        pairs = ", ".join(
+            f"stage {s}: {p * 1e3:.0f} vs {m * 1e3:.0f} ms ({p / m - 1:+.0%})"
+            for s, (p, m) in enumerate(zip(row["stage_cpu_predicted_s"], run["stage_cpu_s"]))
+        )
         print(f"    {plan.label:<11} predicted vs measured {pairs}")
     planned = rows[0]
     fastest = all(planned["measured_median_s"] <= r["measured_median_s"] for r in rows[1:])
     for r in rows[1:]:
-        print(f"  planned vs {r['partition']}: measured speed-up {r['measured_median_s'] / planned['measured_median_s']:.2f}x "
-              f"(median), {r['measured_fastest_s'] / planned['measured_fastest_s']:.2f}x (fastest); "
-              f"predicted {r['predicted_s'] / planned['predicted_s']:.2f}x")
+        print(
+            f"  planned vs {r['partition']}: measured speed-up {r['measured_median_s'] / planned['measured_median_s']:.2f}x "
+            f"(median), {r['measured_fastest_s'] / planned['measured_fastest_s']:.2f}x (fastest); "
+            f"predicted {r['predicted_s'] / planned['predicted_s']:.2f}x"
+        )
     print(f"  planned partition at least as fast as {', '.join(methods)} (median): {'yes' if fastest else 'NO'}")
-    result = {"rows": rows, "planned_at_least_as_fast": fastest, "profile": dataclasses.asdict(profile), "load_average": [load_before, load_after],
-              "max_abs_error_vs_fastest": max(abs(r["error_vs_fastest"]) for r in rows),
-              "max_abs_error_vs_median": max(abs(r["error_vs_median"]) for r in rows)}
+    result = {
+        "rows": rows,
+        "planned_at_least_as_fast": fastest,
+        "profile": dataclasses.asdict(profile),
+        "load_average": [load_before, load_after],
+        "max_abs_error_vs_fastest": max(abs(r["error_vs_fastest"]) for r in rows),
+        "max_abs_error_vs_median": max(abs(r["error_vs_median"]) for r in rows),
+    }
     if out:
         with open(out, "w") as f:
             json.dump(result, f, indent=1)
@@ -78,15 +113,22 @@ def prediction_vs_reality(cluster_path, microbatches=8, micro_batch=4, iters=5, 
 
 
 def _peak_mib(plan):
-    return max(simulate(plan).peak_memory_bytes) / 2**20 if plan.schedule != "data-parallel" \
+    return (
+        max(simulate(plan).peak_memory_bytes) / 2**20
+        if plan.schedule != "data-parallel"
         else plan.stages[0].memory_bytes / 2**20
+    )
 
 
 def _summary(plan, best):
-    return {"config": f"{len(plan.stages)}x{plan.replicas} {plan.schedule} m={plan.microbatches}",
-            "samples_per_s": plan.samples_per_s, "peak_mib": _peak_mib(plan),
-            "speedup": best.samples_per_s / plan.samples_per_s, "parts": plan.deepspeed_parts,
-            "fits_memory": plan.notes["fits_memory"]}
+    return {
+        "config": f"{len(plan.stages)}x{plan.replicas} {plan.schedule} m={plan.microbatches}",
+        "samples_per_s": plan.samples_per_s,
+        "peak_mib": _peak_mib(plan),
+        "speedup": best.samples_per_s / plan.samples_per_s,
+        "parts": plan.deepspeed_parts,
+        "fits_memory": plan.notes["fits_memory"],
+    }
 
 
 def study_row(profile, cluster, max_microbatches=64):
@@ -100,19 +142,27 @@ def study_row(profile, cluster, max_microbatches=64):
     dp = max((p for p in tried if p.schedule == "data-parallel"), key=lambda p: p.samples_per_s, default=None)
     uniform_same = None
     if best_pipe:
-        uniform_same = baseline_plan(CostModel(profile, cluster, len(best_pipe.stages), best_pipe.microbatches,
-                                               best_pipe.schedule, best_pipe.replicas), "uniform")
+        uniform_same = baseline_plan(
+            CostModel(
+                profile, cluster, len(best_pipe.stages), best_pipe.microbatches, best_pipe.schedule, best_pipe.replicas
+            ),
+            "uniform",
+        )
     gpipe_all = None
     if profile.num_layers >= n:
         candidates = []
-        for m in sorted({2 ** k for k in range(12) if 2 ** k <= max_microbatches} | {max_microbatches}):
+        for m in sorted({2**k for k in range(12) if 2**k <= max_microbatches} | {max_microbatches}):
             plan = baseline_plan(CostModel(profile, cluster, n, m, "gpipe"), "uniform")
             if plan and plan.notes["fits_memory"]:
                 candidates.append(plan)
         gpipe_all = max(candidates, key=lambda p: p.samples_per_s, default=None)
     row = {"model": profile.model, "cluster": cluster.name, "devices": n, "best": _summary(best, best)}
-    for name, plan, reference in (("best_pipeline", best_pipe, best), ("uniform_same_config", uniform_same, best_pipe),
-                                  ("gpipe_uniform_all", gpipe_all, best), ("data_parallel", dp, best)):
+    for name, plan, reference in (
+        ("best_pipeline", best_pipe, best),
+        ("uniform_same_config", uniform_same, best_pipe),
+        ("gpipe_uniform_all", gpipe_all, best),
+        ("data_parallel", dp, best),
+    ):
         row[name] = _summary(plan, reference) if plan else None
     return row
 
@@ -121,11 +171,15 @@ def study(profiles_dir, cluster_paths=None, max_microbatches=64, out=None):
     profiles = sorted(glob.glob(os.path.join(profiles_dir, "*.json")))
     if not profiles:
         raise ValueError(f"no profiles in {profiles_dir}; make them with `python -m bapipe profile`")
-    print("best: the searched optimum (stages x replicas, schedule, micro-batches per pipeline); speed-ups are\n"
-          "its samples/s over the others'; 'pipe vs DS-uniform' compares the best pipelined plan with\n"
-          "DeepSpeed's uniform partition at the same configuration; memory is the peak per device (MiB).")
-    print(f"{'model':<10} {'cluster':<8} {'best':<22} {'samples/s':>10} {'MiB':>5} | {'pipe vs DS-uniform':>18} "
-          f"{'vs GPipe-all':>12} {'vs DP':>7} {'DP MiB':>7} {'pipe MiB':>8}")
+    print(
+        "best: the searched optimum (stages x replicas, schedule, micro-batches per pipeline); speed-ups are\n"
+        "its samples/s over the others'; 'pipe vs DS-uniform' compares the best pipelined plan with\n"
+        "DeepSpeed's uniform partition at the same configuration; memory is the peak per device (MiB)."
+    )
+    print(
+        f"{'model':<10} {'cluster':<8} {'best':<22} {'samples/s':>10} {'MiB':>5} | {'pipe vs DS-uniform':>18} "
+        f"{'vs GPipe-all':>12} {'vs DP':>7} {'DP MiB':>7} {'pipe MiB':>8}"
+    )
     rows = []
     for path in profiles:
         profile = Profile.load(path)
@@ -136,12 +190,15 @@ def study(profiles_dir, cluster_paths=None, max_microbatches=64, out=None):
             def speedup(name):
                 entry = row[name]
                 return "n/a" if entry is None else "no fit" if not entry["fits_memory"] else f"{entry['speedup']:.2f}x"
+
             best, dp, pipe = row["best"], row["data_parallel"], row["best_pipeline"]
             dp_mib = f"{dp['peak_mib']:.0f}" if dp else "no fit"
             pipe_mib = f"{pipe['peak_mib']:.0f}" if pipe else "n/a"
-            print(f"{row['model']:<10} {row['cluster']:<8} {best['config']:<22} {best['samples_per_s']:10.1f} "
-                  f"{best['peak_mib']:5.0f} | {speedup('uniform_same_config'):>18} {speedup('gpipe_uniform_all'):>12} "
-                  f"{speedup('data_parallel'):>7} {dp_mib:>7} {pipe_mib:>8}")
+            print(
+                f"{row['model']:<10} {row['cluster']:<8} {best['config']:<22} {best['samples_per_s']:10.1f} "
+                f"{best['peak_mib']:5.0f} | {speedup('uniform_same_config'):>18} {speedup('gpipe_uniform_all'):>12} "
+                f"{speedup('data_parallel'):>7} {dp_mib:>7} {pipe_mib:>8}"
+            )
     if out:
         with open(out, "w") as f:
             json.dump(rows, f, indent=1)

@@ -6,6 +6,7 @@ next stage and a backward with the send of its input gradient to the previous on
 pays, as in the cost model). After its last backward a stage all-reduces its gradients across
 replicas and steps its optimizer. The earliest start times over this DAG give the iteration time.
 """
+
 from dataclasses import dataclass
 
 from .explore import Plan
@@ -14,11 +15,11 @@ from .explore import Plan
 @dataclass
 class Op:
     stage: int
-    kind: str          # "F", "B" or "step"
+    kind: str  # "F", "B" or "step"
     micro: int
     start: float
-    compute_s: float   # the F or B itself
-    send_s: float      # the blocking send that follows it
+    compute_s: float  # the F or B itself
+    send_s: float  # the blocking send that follows it
 
     @property
     def end(self):
@@ -28,10 +29,10 @@ class Op:
 @dataclass
 class SimResult:
     iteration_s: float
-    pipeline_s: float             # until the last backward, before the step
-    bubble_fraction: float        # idle share of the stages during the pipeline part
-    peak_memory_bytes: list       # per stage
-    peak_in_flight: list          # micro-batches stashed at once, per stage
+    pipeline_s: float  # until the last backward, before the step
+    bubble_fraction: float  # idle share of the stages during the pipeline part
+    peak_memory_bytes: list  # per stage
+    peak_in_flight: list  # micro-batches stashed at once, per stage
     ops: list
 
 
@@ -43,7 +44,7 @@ def stage_order(schedule, stages, microbatches, s):
     if schedule == "1f1b":
         warmup = min(stages - s - 1, m)
         order = [("F", k) for k in range(warmup)]
-        for k in range(m - warmup):   # steady state: one forward, one backward
+        for k in range(m - warmup):  # steady state: one forward, one backward
             order += [("F", warmup + k), ("B", k)]
         return order + [("B", k) for k in range(m - warmup, m)]
     raise ValueError(f"schedule {schedule!r}: choose gpipe or 1f1b")
@@ -53,7 +54,7 @@ def simulate(plan: Plan) -> SimResult:
     stages, m = plan.stages, plan.microbatches
     p = len(stages)
     orders = [stage_order(plan.schedule, p, m, s) for s in range(p)]
-    done = {}                                  # (kind, stage, micro) -> end time
+    done = {}  # (kind, stage, micro) -> end time
     position, free_at, ops = [0] * p, [0.0] * p, []
     remaining = sum(len(o) for o in orders)
     while remaining:
@@ -61,15 +62,26 @@ def simulate(plan: Plan) -> SimResult:
         for s in range(p):
             while position[s] < len(orders[s]):
                 kind, k = orders[s][position[s]]
-                dep = ("F", s - 1, k) if kind == "F" and s > 0 else \
-                      ("B", s + 1, k) if kind == "B" and s < p - 1 else \
-                      ("F", s, k) if kind == "B" else None
+                dep = (
+                    ("F", s - 1, k)
+                    if kind == "F" and s > 0
+                    else ("B", s + 1, k)
+                    if kind == "B" and s < p - 1
+                    else ("F", s, k)
+                    if kind == "B"
+                    else None
+                )
                 if dep is not None and dep not in done:
                     break
                 st = stages[s]
-                op = Op(s, kind, k, max(free_at[s], done.get(dep, 0.0)),
-                        st.forward_s if kind == "F" else st.backward_s,
-                        st.send_forward_s if kind == "F" else st.send_backward_s)
+                op = Op(
+                    s,
+                    kind,
+                    k,
+                    max(free_at[s], done.get(dep, 0.0)),
+                    st.forward_s if kind == "F" else st.backward_s,
+                    st.send_forward_s if kind == "F" else st.send_backward_s,
+                )
                 done[(kind, s, k)] = op.end
                 free_at[s] = op.end
                 ops.append(op)
@@ -91,13 +103,15 @@ def simulate(plan: Plan) -> SimResult:
             peak = max(peak, in_flight)
         peak_in_flight.append(peak)
         peak_memory.append(st.static_bytes + peak * st.stash_bytes)
-    return SimResult(iteration_s, pipeline_s, 1 - busy / (p * pipeline_s) if pipeline_s else 0.0,
-                     peak_memory, peak_in_flight, ops)
+    return SimResult(
+        iteration_s, pipeline_s, 1 - busy / (p * pipeline_s) if pipeline_s else 0.0, peak_memory, peak_in_flight, ops
+    )
 
 
 def draw_timeline(result: SimResult, path, title="pipeline timeline"):
     """One row per stage: forwards blue, backwards green, sends hatched, the step grey."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -108,11 +122,17 @@ def draw_timeline(result: SimResult, path, title="pipeline timeline"):
         y = stages - 1 - op.stage
         ax.broken_barh([(op.start, op.compute_s)], (y + 0.1, 0.8), facecolors=colours[op.kind], edgecolor="white")
         if op.send_s > 0:
-            ax.broken_barh([(op.start + op.compute_s, op.send_s)], (y + 0.1, 0.8), facecolors="none",
-                           edgecolor=colours[op.kind], hatch="///")
+            ax.broken_barh(
+                [(op.start + op.compute_s, op.send_s)],
+                (y + 0.1, 0.8),
+                facecolors="none",
+                edgecolor=colours[op.kind],
+                hatch="///",
+            )
         if op.kind != "step" and op.compute_s > result.iteration_s / 60:
-            ax.text(op.start + op.compute_s / 2, y + 0.5, str(op.micro), ha="center", va="center",
-                    color="white", fontsize=7)
+            ax.text(
+                op.start + op.compute_s / 2, y + 0.5, str(op.micro), ha="center", va="center", color="white", fontsize=7
+            )
     ax.set_yticks([stages - 1 - s + 0.5 for s in range(stages)], [f"stage {s}" for s in range(stages)])
     ax.set_xlabel("seconds")
     ax.set_title(f"{title}: {result.iteration_s * 1e3:.1f} ms, bubble {result.bubble_fraction:.1%}")

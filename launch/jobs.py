@@ -7,6 +7,7 @@ LSF (bsub + jsrun), SLURM (sbatch + srun --mpi=pmix) and Cobalt-style node files
 supported. Every script launches one rank per GPU through the MPI launcher, so the MPI backend
 has a world, exports LOCAL_WORLD_SIZE (TorchRec assumes 8 otherwise) and keeps wandb offline.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,51 +46,57 @@ def _common_env(system: System) -> list[str]:
 
 
 def lsf_script(system: System, nodes: int, time: str, command: str, job: str) -> str:
-    return "\n".join([
-        "#!/bin/bash",
-        f"#BSUB -nnodes {nodes}",
-        f"#BSUB -W {time}",
-        f"#BSUB -q {system.queue}",
-        f"#BSUB -G {system.bank}",
-        f"#BSUB -J {job}",
-        f"#BSUB -o {job}.%J.out",
-        *_common_env(system),
-        f"jsrun --nrs {nodes} --rs_per_host 1 --tasks_per_rs {system.gpus_per_node} --gpu_per_rs ALL_GPUS "
-        f"--cpu_per_rs ALL_CPUS --bind packed:8 --smpiargs=\"-gpu\" {command}",
-        "",
-    ])
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f"#BSUB -nnodes {nodes}",
+            f"#BSUB -W {time}",
+            f"#BSUB -q {system.queue}",
+            f"#BSUB -G {system.bank}",
+            f"#BSUB -J {job}",
+            f"#BSUB -o {job}.%J.out",
+            *_common_env(system),
+            f"jsrun --nrs {nodes} --rs_per_host 1 --tasks_per_rs {system.gpus_per_node} --gpu_per_rs ALL_GPUS "
+            f'--cpu_per_rs ALL_CPUS --bind packed:8 --smpiargs="-gpu" {command}',
+            "",
+        ]
+    )
 
 
 def slurm_script(system: System, nodes: int, time: str, command: str, job: str) -> str:
-    return "\n".join([
-        "#!/bin/bash",
-        f"#SBATCH --nodes={nodes}",
-        f"#SBATCH --ntasks-per-node={system.gpus_per_node}",
-        f"#SBATCH --gpus-per-node={system.gpus_per_node}",
-        f"#SBATCH --time={time}",
-        f"#SBATCH --partition={system.queue}",
-        f"#SBATCH --job-name={job}",
-        f"#SBATCH --output={job}.%j.out",
-        *_common_env(system),
-        f"srun --mpi=pmix {command}",
-        "",
-    ])
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f"#SBATCH --nodes={nodes}",
+            f"#SBATCH --ntasks-per-node={system.gpus_per_node}",
+            f"#SBATCH --gpus-per-node={system.gpus_per_node}",
+            f"#SBATCH --time={time}",
+            f"#SBATCH --partition={system.queue}",
+            f"#SBATCH --job-name={job}",
+            f"#SBATCH --output={job}.%j.out",
+            *_common_env(system),
+            f"srun --mpi=pmix {command}",
+            "",
+        ]
+    )
 
 
 def cobalt_script(system: System, nodes: int, time: str, command: str, job: str) -> str:
     ranks = nodes * system.gpus_per_node
-    return "\n".join([
-        "#!/bin/bash",
-        f"#COBALT -n {nodes}",
-        f"#COBALT -t {time}",
-        f"#COBALT -q {system.queue}",
-        *_common_env(system),
-        "export MASTER_ADDR=$(head -n 1 $COBALT_NODEFILE)",
-        f"mpirun -np {ranks} -npernode {system.gpus_per_node} --hostfile $COBALT_NODEFILE "
-        f"-x PATH -x LD_LIBRARY_PATH -x PYTHONPATH -x LOCAL_WORLD_SIZE -x WANDB_MODE -x MASTER_ADDR "
-        f"-x OMPI_MCA_mpi_yield_when_idle {command}",
-        "",
-    ])
+    return "\n".join(
+        [
+            "#!/bin/bash",
+            f"#COBALT -n {nodes}",
+            f"#COBALT -t {time}",
+            f"#COBALT -q {system.queue}",
+            *_common_env(system),
+            "export MASTER_ADDR=$(head -n 1 $COBALT_NODEFILE)",
+            f"mpirun -np {ranks} -npernode {system.gpus_per_node} --hostfile $COBALT_NODEFILE "
+            f"-x PATH -x LD_LIBRARY_PATH -x PYTHONPATH -x LOCAL_WORLD_SIZE -x WANDB_MODE -x MASTER_ADDR "
+            f"-x OMPI_MCA_mpi_yield_when_idle {command}",
+            "",
+        ]
+    )
 
 
 WRITERS = {"lsf": lsf_script, "slurm": slurm_script, "cobalt": cobalt_script}

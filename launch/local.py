@@ -4,6 +4,7 @@ Uses `mpiexec` from the environment when present (so the MPI backend is availabl
 flags this machine needs: root is allowed, ranks may outnumber cores. `--launcher torchrun`
 starts the same job without an MPI world (gloo only).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,7 +44,8 @@ def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(
         usage="python -m launch.local [-n N] [--launcher mpiexec|torchrun] (-m module | script) [args ...]",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-n", "--nprocs", type=int, default=2, help="number of ranks (default 2)")
     parser.add_argument("--launcher", choices=("mpiexec", "torchrun"), default="mpiexec")

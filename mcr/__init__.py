@@ -1,5 +1,6 @@
 """mcr: a mix-and-match communication runtime. `import mcr as dist` mirrors torch.distributed;
 every op also takes `backend=` and otherwise picks its backend per call (see README)."""
+
 from .api import (
     all_gather,
     all_gather_into_tensor,
@@ -31,8 +32,8 @@ from .api import (
 from .config import ConfigError, RuntimeConfig
 from .group import Group
 from .handle import Handle
+from .hooks import torch_backend as _torch_backend  # registers the torch.distributed backend "mcr"
 from .ops import ReduceOp
 from .runtime import CommError
-from .hooks import torch_backend as _torch_backend  # registers the torch.distributed backend "mcr"
 
 __version__ = "0.1.0"

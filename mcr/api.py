@@ -3,6 +3,7 @@
 nccl-tests does (all-gather: the gathered output; reduce-scatter: the input; all-to-all: the
 input), asks the runtime for a backend and runs it there.
 """
+
 from __future__ import annotations
 
 import logging
@@ -32,7 +33,9 @@ def _op_name(op) -> str:
     for name, known in REDUCE_OPS.items():
         if op == known:
             return name
-    raise ValueError(f"unsupported reduce op {op!r}; use one of ReduceOp.{', ReduceOp.'.join(n.upper() for n in REDUCE_OPS)}")
+    raise ValueError(
+        f"unsupported reduce op {op!r}; use one of ReduceOp.{', ReduceOp.'.join(n.upper() for n in REDUCE_OPS)}"
+    )
 
 
 # --- lifecycle ---------------------------------------------------------------------------------
@@ -119,7 +122,9 @@ def _check(name, *tensors):
 def _same_dtype(name, reference, tensors):
     for t in tensors:
         if t.dtype != reference.dtype:
-            raise TypeError(f"mcr.{name}: dtypes differ ({reference.dtype} and {t.dtype}); use one dtype for all tensors")
+            raise TypeError(
+                f"mcr.{name}: dtypes differ ({reference.dtype} and {t.dtype}); use one dtype for all tensors"
+            )
 
 
 def _group_multiple(name, whole, whole_name, part, part_name, group_size):
@@ -210,7 +215,9 @@ def broadcast(tensor, src, group=None, async_op=False, backend=None):
     rt, g = runtime(), _group(group)
     _check("broadcast", tensor)
     b, _ = rt.choose("broadcast", tensor.nbytes, g, tensor.dtype, _device(tensor), backend)
-    return rt.run("broadcast", b, g, tensor.nbytes, async_op, b.broadcast, g.comms[b.name], tensor, g.group_rank(src), async_op)
+    return rt.run(
+        "broadcast", b, g, tensor.nbytes, async_op, b.broadcast, g.comms[b.name], tensor, g.group_rank(src), async_op
+    )
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False, backend=None):
@@ -230,7 +237,18 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     _group_multiple("all_gather_into_tensor", output_tensor, "output", input_tensor, "input", g.size)
     nbytes = output_tensor.nbytes
     b, _ = rt.choose("all_gather", nbytes, g, input_tensor.dtype, _device(input_tensor), backend)
-    return rt.run("all_gather", b, g, nbytes, async_op, b.all_gather_into_tensor, g.comms[b.name], output_tensor, input_tensor, async_op)
+    return rt.run(
+        "all_gather",
+        b,
+        g,
+        nbytes,
+        async_op,
+        b.all_gather_into_tensor,
+        g.comms[b.name],
+        output_tensor,
+        input_tensor,
+        async_op,
+    )
 
 
 def _rooted(family, tensor, tensors, root_rank, group, async_op, backend):
@@ -268,7 +286,9 @@ def reduce_scatter(output, input_list, op=_SUM, group=None, async_op=False, back
     op, after = _average("reduce_scatter", output, op, g.size)
     nbytes = output.nbytes * g.size
     b, _ = rt.choose("reduce_scatter", nbytes, g, output.dtype, _device(output), backend, op)
-    result = rt.run("reduce_scatter", b, g, nbytes, async_op, b.reduce_scatter, g.comms[b.name], output, input_list, op, async_op)
+    result = rt.run(
+        "reduce_scatter", b, g, nbytes, async_op, b.reduce_scatter, g.comms[b.name], output, input_list, op, async_op
+    )
     return _finish(result, async_op, after)
 
 
@@ -279,11 +299,25 @@ def reduce_scatter_tensor(output, input, op=_SUM, group=None, async_op=False, ba
     _group_multiple("reduce_scatter_tensor", input, "input", output, "output", g.size)
     op, after = _average("reduce_scatter_tensor", output, op, g.size)
     b, _ = rt.choose("reduce_scatter", input.nbytes, g, input.dtype, _device(input), backend, op)
-    result = rt.run("reduce_scatter", b, g, input.nbytes, async_op, b.reduce_scatter_tensor, g.comms[b.name], output, input, op, async_op)
+    result = rt.run(
+        "reduce_scatter",
+        b,
+        g,
+        input.nbytes,
+        async_op,
+        b.reduce_scatter_tensor,
+        g.comms[b.name],
+        output,
+        input,
+        op,
+        async_op,
+    )
     return _finish(result, async_op, after)
 
 
-def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False, backend=None):
+def all_to_all_single(
+    output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False, backend=None
+):
     rt, g = runtime(), _group(group)
     _check("all_to_all_single", output, input)
     _same_dtype("all_to_all_single", input, [output])
@@ -294,9 +328,18 @@ def all_to_all_single(output, input, output_split_sizes=None, input_split_sizes=
         nbytes = rt.agreed_bytes("all_to_all", g, nbytes)  # uneven: local sizes differ by rank
     b, _ = rt.choose("all_to_all", nbytes, g, input.dtype, _device(input), backend)
     return rt.run(
-        "all_to_all", b, g, nbytes, async_op, b.all_to_all_single, g.comms[b.name], output, input,
+        "all_to_all",
+        b,
+        g,
+        nbytes,
+        async_op,
+        b.all_to_all_single,
+        g.comms[b.name],
+        output,
+        input,
         list(output_split_sizes) if output_split_sizes else None,
-        list(input_split_sizes) if input_split_sizes else None, async_op,
+        list(input_split_sizes) if input_split_sizes else None,
+        async_op,
     )
 
 
@@ -309,10 +352,14 @@ def _check_splits(which, tensor, splits, group_size):
             )
         return
     if len(splits) != group_size:
-        raise ValueError(f"mcr.all_to_all_single: {which}_split_sizes has {len(splits)} entries, the group has {group_size} ranks")
+        raise ValueError(
+            f"mcr.all_to_all_single: {which}_split_sizes has {len(splits)} entries, the group has {group_size} ranks"
+        )
     rows = tensor.shape[0] if tensor.dim() else 0
     if sum(splits) != rows or any(s < 0 for s in splits):
-        raise ValueError(f"mcr.all_to_all_single: {which}_split_sizes {list(splits)} sum to {sum(splits)} but {which} has {rows} rows")
+        raise ValueError(
+            f"mcr.all_to_all_single: {which}_split_sizes {list(splits)} sum to {sum(splits)} but {which} has {rows} rows"
+        )
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, backend=None):
@@ -326,7 +373,18 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
         nbytes = rt.agreed_bytes("all_to_all", g, nbytes)  # uneven: local sizes differ by rank
     t0 = input_tensor_list[0]
     b, _ = rt.choose("all_to_all", nbytes, g, t0.dtype, _device(t0), backend)
-    return rt.run("all_to_all", b, g, nbytes, async_op, b.all_to_all, g.comms[b.name], output_tensor_list, input_tensor_list, async_op)
+    return rt.run(
+        "all_to_all",
+        b,
+        g,
+        nbytes,
+        async_op,
+        b.all_to_all,
+        g.comms[b.name],
+        output_tensor_list,
+        input_tensor_list,
+        async_op,
+    )
 
 
 def barrier(group=None, async_op=False, device_ids=None, backend=None):
@@ -343,7 +401,19 @@ def _p2p(name, method, tensor, peer, group, tag, async_op, backend):
     if peer is None:
         raise ValueError(f"mcr.{name}: pass the peer rank (receiving from any source is not supported)")
     b, _ = rt.choose("send_recv", tensor.nbytes, g, tensor.dtype, _device(tensor), backend)
-    return rt.run("send_recv", b, g, tensor.nbytes, async_op, getattr(b, method), g.comms[b.name], tensor, g.group_rank(peer), tag, async_op)
+    return rt.run(
+        "send_recv",
+        b,
+        g,
+        tensor.nbytes,
+        async_op,
+        getattr(b, method),
+        g.comms[b.name],
+        tensor,
+        g.group_rank(peer),
+        tag,
+        async_op,
+    )
 
 
 def send(tensor, dst, group=None, tag=0, backend=None):

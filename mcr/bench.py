@@ -7,6 +7,7 @@ backend and on the runtime's own choice ("auto", with the backend it picked and 
 from the best single backend), then the runtime's per-call overhead against calling each
 backend library directly on a 4-byte all-reduce.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -106,8 +107,11 @@ def overhead(iters=20000):
         rows[name] = (lib, via)
     chosen, _ = rt.choose("all_reduce", 4, rt.world, torch.float32, "cpu")
     auto = time_call(lambda: api.all_reduce(x), iters if chosen.name == "mpi" else iters // 20)
-    lines = ["\n# runtime overhead, 4-byte all_reduce (median per call, slowest rank)",
-             f"{'backend':<10}{'library us':>12}{'mcr us':>10}{'overhead us':>13}", "-" * 45]
+    lines = [
+        "\n# runtime overhead, 4-byte all_reduce (median per call, slowest rank)",
+        f"{'backend':<10}{'library us':>12}{'mcr us':>10}{'overhead us':>13}",
+        "-" * 45,
+    ]
     for name, (lib, via) in rows.items():
         lines.append(f"{name:<10}{lib * 1e6:>12.2f}{via * 1e6:>10.2f}{(via - lib) * 1e6:>13.2f}")
     if chosen.name in rows:
@@ -124,7 +128,9 @@ def main(argv=None) -> int:
     parser.add_argument("--max-bytes", default="64M")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--iters", type=int, default=None, help="iterations per point (default: scaled by size)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per point; each backend keeps its best")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="interleaved rounds per point; each backend keeps its best"
+    )
     parser.add_argument("--tuning", default=None, help="tuning table for the auto choice (else MCR_TUNING_FILE)")
     parser.add_argument("--no-overhead", action="store_true", help="skip the overhead measurement")
     parser.add_argument("--json", default=None, help="also write the rows here (rank 0)")

@@ -7,6 +7,7 @@ Each step: rank 0 computes (2 threads) while rank 1 waits in an MPI barrier, the
 compute and gloo threads need. The job runs with yielding off and on, alternated, and the
 median step time of each is printed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,14 @@ def _worker() -> None:
 
 def _job(yield_when_idle: int) -> float:
     env = dict(os.environ, OMPI_MCA_mpi_yield_when_idle=str(yield_when_idle))
-    out = subprocess.run(mpiexec_command(2, ["-m", "mcr.bench_polling", "--worker"]), env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, check=True).stdout
+    out = subprocess.run(
+        mpiexec_command(2, ["-m", "mcr.bench_polling", "--worker"]),
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        check=True,
+    ).stdout
     return float(re.search(r"median step ms ([\d.]+)", out).group(1))
 
 

@@ -3,6 +3,7 @@
 For each (op, backend, message size): count and total latency, from which the mean, the
 algorithmic bandwidth (bytes / time) and the bus bandwidth (nccl-tests' factors) follow.
 """
+
 from __future__ import annotations
 
 import json

@@ -3,6 +3,7 @@
 Precedence for each field: keyword arguments to `mcr.init()` > environment (`MCR_*`) > config
 object > defaults. Per-op overrides come from `overrides` or `MCR_BACKEND_<OP>` variables.
 """
+
 from __future__ import annotations
 
 import os
@@ -62,7 +63,7 @@ def load(config=None, env=None, **kwargs) -> RuntimeConfig:
     if env.get("MCR_WATCHDOG_TIMEOUT"):
         from_env["watchdog_timeout_s"] = float(env["MCR_WATCHDOG_TIMEOUT"])
     env_overrides = {
-        key[len("MCR_BACKEND_"):].lower(): value for key, value in env.items() if key.startswith("MCR_BACKEND_")
+        key[len("MCR_BACKEND_") :].lower(): value for key, value in env.items() if key.startswith("MCR_BACKEND_")
     }
     if env_overrides:
         from_env["overrides"] = env_overrides

@@ -1,4 +1,5 @@
 """A group of ranks and each backend's communicator for it."""
+
 from __future__ import annotations
 
 

@@ -4,6 +4,7 @@ It also keeps the op's buffers alive until completion: mpi4py does not hold a re
 the buffers of a nonblocking call (Iallreduce with IN_PLACE, Ireduce_scatter_block), so a
 temporary freed early would make the result garbage.
 """
+
 from __future__ import annotations
 
 

@@ -4,6 +4,7 @@ Shared by `mcr.bench` (report) and `mcr.tune` (decide), so both measure the same
 Message sizes follow nccl-tests: all-gather counts the gathered output, reduce-scatter and
 all-to-all the input, send/recv the message (latency is half a ping-pong, as OSU reports).
 """
+
 from __future__ import annotations
 
 import statistics

@@ -4,6 +4,7 @@ An op *family* is the unit of backend choice: variants that must meet on the sam
 (send with recv, all_gather with all_gather_into_tensor) share one family name, so an override
 or a tuning-table entry for the family covers all of them.
 """
+
 from __future__ import annotations
 
 import torch
@@ -32,7 +33,16 @@ REDUCE_OPS = {
     "max": ReduceOp.MAX,
 }
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64, torch.float64, torch.uint8, torch.int8)
+SUPPORTED_DTYPES = (
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.int32,
+    torch.int64,
+    torch.float64,
+    torch.uint8,
+    torch.int8,
+)
 
 
 def bus_factor(family: str, n: int) -> float:

@@ -17,6 +17,7 @@ Why mixing backends cannot deadlock (the rule the code keeps):
   reached by every rank on the same backend, with all earlier ops on that backend posted
   before it, and completes. tests/mcr/test_stress.py checks this with random interleavings.
 """
+
 from __future__ import annotations
 
 import logging
@@ -81,8 +82,13 @@ class Runtime:
         if self.rank == 0:
             have = ", ".join(f"{n} ({b.version()})" for n, b in self.backends.items())
             missing = "; ".join(f"{n}: {why}" for n, why in self.unavailable.items())
-            log.info("mcr: %d ranks via %s; backends %s%s", info.world_size, info.launcher, have,
-                     f"; unavailable: {missing}" if missing else "")
+            log.info(
+                "mcr: %d ranks via %s; backends %s%s",
+                info.world_size,
+                info.launcher,
+                have,
+                f"; unavailable: {missing}" if missing else "",
+            )
 
     # --- start-up ------------------------------------------------------------------------------
     def _try(self, name, wanted, make):
@@ -246,7 +252,9 @@ class Runtime:
             return nbytes
         size = torch.tensor([nbytes], dtype=torch.int64)
         backend, _ = self.choose("all_reduce", 8, group, torch.int64, "cpu", None, "max")
-        self.run("all_reduce", backend, group, 8, False, backend.all_reduce, group.comms[backend.name], size, "max", False)
+        self.run(
+            "all_reduce", backend, group, 8, False, backend.all_reduce, group.comms[backend.name], size, "max", False
+        )
         return int(size.item())
 
     # --- step 3 and 4: run, watch and account --------------------------------------------------

@@ -10,6 +10,7 @@ after warm-ups, so every rank builds the same table. The table, its plots (`<tab
 and a Markdown report (`<table>.md`) are written by rank 0 (by every rank with `{rank}` in --out).
 Use it with `MCR_TUNING_FILE=<table>` or `mcr.init(tuning=<table>)`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,7 +51,9 @@ def model_sizes(path: str) -> dict:
         with open(path) as f:
             rows = json.load(f)
     except (OSError, ValueError) as exc:
-        raise SystemExit(f"mcr.tune: cannot read the comm log {path} ({exc}); write one with MCR_COMM_LOG_JSON=path") from None
+        raise SystemExit(
+            f"mcr.tune: cannot read the comm log {path} ({exc}); write one with MCR_COMM_LOG_JSON=path"
+        ) from None
     out = {}
     for row in rows:
         out.setdefault(row["op"], set()).add(int(row["bytes"]))
@@ -89,8 +92,10 @@ def measure_curve(op, sizes, choices, dtype, group, iters, warmup, rounds, margi
         for lab in labels:
             old, new = latency[lab][i], row[lab]
             latency[lab][i] = old if new is None else new if old is None else min(old, new)
-    log(f"  {op}: {len(measured)} sizes x {len(labels)} candidates ({len(again)} confirmed) "
-        f"in {time.perf_counter() - started:.1f} s")
+    log(
+        f"  {op}: {len(measured)} sizes x {len(labels)} candidates ({len(again)} confirmed) "
+        f"in {time.perf_counter() - started:.1f} s"
+    )
     return curve
 
 
@@ -108,7 +113,11 @@ def share_from_rank0(obj):
     data = pickle.dumps(obj) if api.get_rank() == 0 else b""
     length = torch.tensor([len(data)], dtype=torch.int64)
     api.broadcast(length, 0)
-    buf = torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else torch.empty(int(length.item()), dtype=torch.uint8)
+    buf = (
+        torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if data
+        else torch.empty(int(length.item()), dtype=torch.uint8)
+    )
     api.broadcast(buf, 0)
     return pickle.loads(bytes(buf.tolist())) if api.get_rank() != 0 else obj
 
@@ -122,7 +131,9 @@ def build_table(fp, curves, margin, order_by_op) -> TuningTable:
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(prog="mcr.tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        prog="mcr.tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--ops", default=",".join(DEFAULT_OPS), help=f"comma list from {', '.join(MEASURABLE_OPS)}")
     p.add_argument("--backends", default=None, help="comma list (default: every available backend)")
     p.add_argument("--min-bytes", default="4")
@@ -139,7 +150,9 @@ def parse_args(argv):
     p.add_argument("--out", default=DEFAULT_OUT, help="table path; {host}, {world} and {rank} are filled in")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots and the Markdown report")
     p.add_argument("--table", default=None, help="with --predict-world-size: the measured table to predict from")
-    p.add_argument("--predict-world-size", type=int, default=None, help="print the table the model predicts for N ranks")
+    p.add_argument(
+        "--predict-world-size", type=int, default=None, help="print the table the model predicts for N ranks"
+    )
     p.add_argument("--ranks-per-node", type=int, default=None, help="with --predict-world-size: the target layout")
     return p, p.parse_args(argv)
 
@@ -164,8 +177,10 @@ def main(argv=None) -> int:
     rt = api.init(tuning=None)  # measure the backends themselves, not a previous table's choice
     world, rank = rt.world_size, rt.rank
     if world < 2:
-        parser.error("there is nothing to tune on 1 rank; launch it on the ranks of the job, e.g. "
-                     "`python -m launch.local -n 2 -m mcr.tune`")
+        parser.error(
+            "there is nothing to tune on 1 rank; launch it on the ranks of the job, e.g. "
+            "`python -m launch.local -n 2 -m mcr.tune`"
+        )
     log = (lambda msg: print(msg, flush=True)) if rank == 0 else (lambda msg: None)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     for op in ops:
@@ -175,7 +190,9 @@ def main(argv=None) -> int:
     for name in backends:
         if name not in rt.backends:
             parser.error(f"backend {name!r} is unavailable here: {rt.unavailable.get(name, 'unknown backend')}")
-    preferred = [b for b in BUILTIN_ORDER["cpu"] if b in backends] + [b for b in backends if b not in BUILTIN_ORDER["cpu"]]
+    preferred = [b for b in BUILTIN_ORDER["cpu"] if b in backends] + [
+        b for b in backends if b not in BUILTIN_ORDER["cpu"]
+    ]
     chunks = [cands.parse_bytes(c) for c in args.chunks.split(",") if c.strip()]
     group_sizes = [int(g) for g in args.group_sizes.split(",")] if args.group_sizes else [world]
     bad = [g for g in group_sizes if not 2 <= g <= world]
@@ -190,8 +207,10 @@ def main(argv=None) -> int:
     out_path = args.out.format(host=socket.gethostname(), world=world, rank=rank)
 
     hostnames = gather_hostnames(world)
-    log(f"mcr.tune: {world} ranks, backends {', '.join(preferred)}, ops {', '.join(ops)}, "
-        f"{len(base)} sizes {base[0]} B .. {base[-1]} B, chunks {args.chunks or 'none'}")
+    log(
+        f"mcr.tune: {world} ranks, backends {', '.join(preferred)}, ops {', '.join(ops)}, "
+        f"{len(base)} sizes {base[0]} B .. {base[-1]} B, chunks {args.chunks or 'none'}"
+    )
     started = time.perf_counter()
     curves = []
     for g in group_sizes:
@@ -201,7 +220,11 @@ def main(argv=None) -> int:
             for op in ops:
                 choices = cands.for_op(op, preferred, chunks)
                 sizes = sorted(set(base) | extra | used.get(op, set()))
-                curves.append(measure_curve(op, sizes, choices, dtype, group, args.iters, args.warmup, args.rounds, args.margin, log))
+                curves.append(
+                    measure_curve(
+                        op, sizes, choices, dtype, group, args.iters, args.warmup, args.rounds, args.margin, log
+                    )
+                )
         api.barrier()
     if group_sizes != [world]:
         curves = share_from_rank0(curves)

@@ -4,6 +4,7 @@ Every blocking wait registers itself; a daemon thread checks once a second and, 
 waited longer than the timeout, prints the culprit and ends the process. The launcher
 (mpiexec, torchrun, srun) then takes the rest of the job down with a non-zero exit.
 """
+
 from __future__ import annotations
 
 import os

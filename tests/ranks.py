@@ -3,6 +3,7 @@
 Tests use this instead of mocks: ranks are real processes started by mpiexec (MPI world:
 mpi + gloo backends) or torchrun (no MPI world: gloo only), talking over loopback.
 """
+
 from __future__ import annotations
 
 import os
@@ -25,18 +26,22 @@ class Result:
         return self
 
 
-def run_ranks(nprocs: int, target: list, launcher: str = "mpiexec", env: dict | None = None, timeout: float = 240) -> Result:
+def run_ranks(
+    nprocs: int, target: list, launcher: str = "mpiexec", env: dict | None = None, timeout: float = 240
+) -> Result:
     """`target` is what follows `python`: ["-m", "module", args...] or ["script.py", args...]."""
     full_env = dict(os.environ)
-    full_env.update({
-        "PYTHONPATH": REPO + os.pathsep + full_env.get("PYTHONPATH", ""),
-        "OMPI_ALLOW_RUN_AS_ROOT": "1",
-        "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-        "OMPI_MCA_mpi_yield_when_idle": "1",
-        "WANDB_MODE": "disabled",
-        "OMP_NUM_THREADS": "1",
-        "PYTHONUNBUFFERED": "1",
-    })
+    full_env.update(
+        {
+            "PYTHONPATH": REPO + os.pathsep + full_env.get("PYTHONPATH", ""),
+            "OMPI_ALLOW_RUN_AS_ROOT": "1",
+            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            "OMPI_MCA_mpi_yield_when_idle": "1",
+            "WANDB_MODE": "disabled",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     full_env.update(env or {})
     if launcher == "torchrun":
         if target[0] == "-m":
@@ -45,7 +50,9 @@ def run_ranks(nprocs: int, target: list, launcher: str = "mpiexec", env: dict | 
     else:
         cmd = mpiexec_command(nprocs, target)
     try:
-        proc = subprocess.run(cmd, env=full_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
+        proc = subprocess.run(
+            cmd, env=full_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
+        )
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         raise AssertionError(f"ranks did not finish in {timeout} s:\n{out[-6000:]}") from None
@@ -54,5 +61,3 @@ def run_ranks(nprocs: int, target: list, launcher: str = "mpiexec", env: dict | 
 
 def run_script(nprocs: int, path: str, *args, launcher="mpiexec", env=None, timeout=240) -> Result:
     return run_ranks(nprocs, [path, *map(str, args)], launcher=launcher, env=env, timeout=timeout)
-
-

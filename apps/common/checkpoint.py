@@ -6,6 +6,7 @@ files; only after every rank has finished does rank 0 point `latest` at it, by a
 rename, so a job killed mid-save resumes from the previous complete checkpoint. DeepSpeed's
 `load_checkpoint(dir)` reads the same `latest` file.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,6 +23,7 @@ class CheckpointConfig:
     enabled: bool = True
     interval: int = 0  # save every N steps (0: only at the end)
     keep: int = 2  # keep the newest N checkpoints (0: all)
+
 
 LATEST = "latest"
 _TAG = re.compile(r"^step_(\d+)$")

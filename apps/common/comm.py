@@ -5,6 +5,7 @@
 `comm.tuning` is a tuning-table file written by `python -m mcr.tune`, or `auto` (tuned online).
 Every collective goes through the mcr runtime, which picks the backend per call.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,20 +35,28 @@ def check_comm(comm, key: str = "comm") -> None:
     backend = comm.backend
     if isinstance(backend, str):
         if backend not in BACKENDS:
-            raise ConfigError(f"bad value {backend!r} for config key '{key}.backend'; choose one of "
-                              f"{', '.join(BACKENDS)}, or a map {{op family: backend}}")
+            raise ConfigError(
+                f"bad value {backend!r} for config key '{key}.backend'; choose one of "
+                f"{', '.join(BACKENDS)}, or a map {{op family: backend}}"
+            )
     elif hasattr(backend, "items"):
         families = op_families() + ("default",)
         for op, name in backend.items():
             if op not in families:
                 raise ConfigError(f"unknown op {op!r} in config key '{key}.backend'; choose from {', '.join(families)}")
             if name not in BACKENDS:
-                raise ConfigError(f"bad value {name!r} for config key '{key}.backend.{op}'; choose one of {', '.join(BACKENDS)}")
+                raise ConfigError(
+                    f"bad value {name!r} for config key '{key}.backend.{op}'; choose one of {', '.join(BACKENDS)}"
+                )
     else:
-        raise ConfigError(f"bad value {backend!r} for config key '{key}.backend'; choose one of {', '.join(BACKENDS)} or a map")
+        raise ConfigError(
+            f"bad value {backend!r} for config key '{key}.backend'; choose one of {', '.join(BACKENDS)} or a map"
+        )
     if comm.tuning not in (None, "auto") and not os.path.isfile(comm.tuning):
-        raise ConfigError(f"bad value {comm.tuning!r} for config key '{key}.tuning': no such file; "
-                          "give a table written by `python -m mcr.tune`, auto, or null")
+        raise ConfigError(
+            f"bad value {comm.tuning!r} for config key '{key}.tuning': no such file; "
+            "give a table written by `python -m mcr.tune`, auto, or null"
+        )
 
 
 def runtime_config(comm, comm_log_json: Optional[str] = None) -> dict:
@@ -57,8 +66,13 @@ def runtime_config(comm, comm_log_json: Optional[str] = None) -> dict:
     else:
         overrides = {op: name for op, name in comm.backend.items() if op != "default"}
         default = comm.backend.get("default", "auto")
-    return {"backend": default, "overrides": overrides, "tuning": comm.tuning, "comm_log": bool(comm.log),
-            "comm_log_json": comm_log_json}
+    return {
+        "backend": default,
+        "overrides": overrides,
+        "tuning": comm.tuning,
+        "comm_log": bool(comm.log),
+        "comm_log_json": comm_log_json,
+    }
 
 
 def setup_comm(comm, comm_log_json: Optional[str] = None) -> None:

@@ -6,6 +6,7 @@ The schema is an omegaconf structured config, so an unknown key or a value of th
 is an error. Fields declared with `choice(...)` accept only the listed values. Every error is
 a `ConfigError` naming the key and what it accepts, raised before any process starts talking.
 """
+
 from __future__ import annotations
 
 import dataclasses

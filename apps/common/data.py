@@ -5,6 +5,7 @@ Batches are a pure function of (seed, split, step, rank): a resumed run reads ex
 batches the uninterrupted run would have, and every rank of the data-parallel world reads
 its own.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,8 +52,10 @@ class TokenBatches:
             self.splits = {"train": data[:cut], "val": data[cut:]}
             for name, part in self.splits.items():
                 if len(part) <= seq_len + 1:
-                    raise ValueError(f"data.path {cfg.path}: the {name} split has {len(part)} bytes, "
-                                     f"fewer than model.seq_len + 2 = {seq_len + 2}; use a longer file or a shorter seq_len")
+                    raise ValueError(
+                        f"data.path {cfg.path}: the {name} split has {len(part)} bytes, "
+                        f"fewer than model.seq_len + 2 = {seq_len + 2}; use a longer file or a shorter seq_len"
+                    )
         else:
             # A fixed random sparse transition table: each token has `branching` equally likely
             # successors. The same table on every rank; train and val draw different walks.
@@ -83,10 +86,16 @@ def check_data(cfg: DataConfig, vocab_size: int, key: str = "data") -> None:
     from .config import check
 
     if cfg.kind == "text":
-        check(cfg.path is not None and os.path.isfile(cfg.path), f"{key}.path",
-              f"data.kind=text needs an existing file, got {cfg.path!r}")
-        check(vocab_size >= ByteTokenizer.vocab_size, "model.vocab_size",
-              f"the byte-level tokenizer needs at least 256, got {vocab_size}")
+        check(
+            cfg.path is not None and os.path.isfile(cfg.path),
+            f"{key}.path",
+            f"data.kind=text needs an existing file, got {cfg.path!r}",
+        )
+        check(
+            vocab_size >= ByteTokenizer.vocab_size,
+            "model.vocab_size",
+            f"the byte-level tokenizer needs at least 256, got {vocab_size}",
+        )
         check(0 < cfg.val_fraction < 1, f"{key}.val_fraction", f"must be between 0 and 1, got {cfg.val_fraction}")
     else:
         check(cfg.branching >= 1, f"{key}.branching", f"must be >= 1, got {cfg.branching}")

@@ -5,6 +5,7 @@ metrics JSONL in the run directory, a progress bar and wandb (offline by default
     meter.step(seconds, comm_seconds)        # once per optimizer step
     log.write(step, loss=..., **meter.interval())
 """
+
 from __future__ import annotations
 
 import json
@@ -64,9 +65,18 @@ def format_line(step: int, total: int, values: dict) -> str:
 class MetricsLog:
     """Rank 0 writes; other ranks make every call a no-op, so trainers need no `if rank == 0`."""
 
-    def __init__(self, run_dir: str, rank: int, total_steps: int, wandb_mode: str = "disabled",
-                 run_name: str = "run", config: Optional[dict] = None, resume: bool = False,
-                 progress: bool = True, start_step: int = 0):
+    def __init__(
+        self,
+        run_dir: str,
+        rank: int,
+        total_steps: int,
+        wandb_mode: str = "disabled",
+        run_name: str = "run",
+        config: Optional[dict] = None,
+        resume: bool = False,
+        progress: bool = True,
+        start_step: int = 0,
+    ):
         self.enabled = rank == 0
         self.total = total_steps
         self._file = self._bar = self._wandb = None
@@ -77,13 +87,27 @@ class MetricsLog:
         if progress:
             from tqdm import tqdm
 
-            self._bar = tqdm(total=total_steps, initial=start_step, desc=run_name, unit="step", file=sys.stderr,
-                             dynamic_ncols=True, leave=False, mininterval=1.0)
+            self._bar = tqdm(
+                total=total_steps,
+                initial=start_step,
+                desc=run_name,
+                unit="step",
+                file=sys.stderr,
+                dynamic_ncols=True,
+                leave=False,
+                mininterval=1.0,
+            )
         if wandb_mode != "disabled":
             import wandb
 
-            self._wandb = wandb.init(project="mcr-dl", name=run_name, dir=run_dir, mode=wandb_mode,
-                                     config=config, resume="allow" if resume else None)
+            self._wandb = wandb.init(
+                project="mcr-dl",
+                name=run_name,
+                dir=run_dir,
+                mode=wandb_mode,
+                config=config,
+                resume="allow" if resume else None,
+            )
 
     def write(self, step: int, **values) -> None:
         if not self.enabled:

@@ -1,4 +1,5 @@
 """`python -m apps.moe --config configs/moe/<preset>.yaml [key=value ...]` (under any launcher)."""
+
 import sys
 
 from apps.common.config import ConfigError

@@ -7,6 +7,7 @@ Each backend choice is a separate job on N local ranks (launch.local); each writ
 summary.json, and the table compares median-step throughput, with the gain of every row
 over each single-backend row.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -15,7 +16,6 @@ import os
 import statistics
 import subprocess
 import sys
-
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CHOICES = {"gloo": ["comm.backend=gloo"], "mpi": ["comm.backend=mpi"], "auto": ["comm.backend=auto"]}
@@ -27,9 +27,26 @@ def run_one(choice, args, overrides, repeat):
     extra = list(CHOICES[choice])
     if choice == "auto" and args.tuning:
         extra.append(f"comm.tuning={args.tuning}")
-    cmd = [sys.executable, "-m", "launch.local", "-n", str(args.nprocs), "--launcher", args.launcher, "-m", "apps.moe",
-           "--config", args.config, *overrides, *extra, f"out_dir={args.out}", f"name={name}",
-           "progress=false", "checkpoint.enabled=false", "wandb=disabled"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "launch.local",
+        "-n",
+        str(args.nprocs),
+        "--launcher",
+        args.launcher,
+        "-m",
+        "apps.moe",
+        "--config",
+        args.config,
+        *overrides,
+        *extra,
+        f"out_dir={args.out}",
+        f"name={name}",
+        "progress=false",
+        "checkpoint.enabled=false",
+        "wandb=disabled",
+    ]
     print(f"compare: {choice} (run {repeat + 1}/{args.repeats}): {' '.join(cmd[1:])}", flush=True)
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -46,15 +63,25 @@ def table(rows: dict, nprocs: int, preset: str) -> str:
     """rows: choice -> list of summaries (None for a failed run). Each figure is the median
     over the runs of that choice; the gains compare median-step throughput."""
     ok = {c: [s for s in runs if s] for c, runs in rows.items()}
-    med = {c: {k: statistics.median(s[k] for s in runs) for k in ("tokens_per_s", "samples_per_s", "median_step_ms",
-                                                                  "p10_tokens_per_s")}
-           for c, runs in ok.items() if runs}
+    med = {
+        c: {
+            k: statistics.median(s[k] for s in runs)
+            for k in ("tokens_per_s", "samples_per_s", "median_step_ms", "p10_tokens_per_s")
+        }
+        for c, runs in ok.items()
+        if runs
+    }
     singles = [c for c in SINGLE if c in med]
-    header = (f"{'backend':<10}{'tokens/s':>10}{'samples/s':>11}{'step ms':>9}{'comm ms':>9}{'p10 tok/s':>11}"
-              + "".join(f"{'vs ' + c:>9}" for c in singles))
+    header = f"{'backend':<10}{'tokens/s':>10}{'samples/s':>11}{'step ms':>9}{'comm ms':>9}{'p10 tok/s':>11}" + "".join(
+        f"{'vs ' + c:>9}" for c in singles
+    )
     runs_per = max(len(r) for r in rows.values())
-    lines = [f"DS-MoE throughput: {preset}, {nprocs} ranks, {runs_per} run(s) per backend "
-             "(median step time; p10 = fastest-decile step)", header, "-" * len(header)]
+    lines = [
+        f"DS-MoE throughput: {preset}, {nprocs} ranks, {runs_per} run(s) per backend "
+        "(median step time; p10 = fastest-decile step)",
+        header,
+        "-" * len(header),
+    ]
     for choice in rows:
         if choice not in med:
             lines.append(f"{choice:<10}{'failed':>10}")
@@ -63,8 +90,10 @@ def table(rows: dict, nprocs: int, preset: str) -> str:
         comm = [s["comm_ms"] for s in ok[choice] if s.get("comm_ms") is not None]
         comm_txt = f"{statistics.median(comm):>9.1f}" if comm else f"{'-':>9}"
         gains = "".join(f"{(m['tokens_per_s'] / med[c]['tokens_per_s'] - 1) * 100:>+8.1f}%" for c in singles)
-        lines.append(f"{choice:<10}{m['tokens_per_s']:>10,.0f}{m['samples_per_s']:>11,.1f}{m['median_step_ms']:>9.1f}"
-                     f"{comm_txt}{m['p10_tokens_per_s']:>11,.0f}{gains}")
+        lines.append(
+            f"{choice:<10}{m['tokens_per_s']:>10,.0f}{m['samples_per_s']:>11,.1f}{m['median_step_ms']:>9.1f}"
+            f"{comm_txt}{m['p10_tokens_per_s']:>11,.0f}{gains}"
+        )
     return "\n".join(lines)
 
 

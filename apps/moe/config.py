@@ -2,6 +2,7 @@
 
 Presets live in configs/moe/; `python -m apps.moe --config configs/moe/tiny.yaml train.steps=50`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -26,7 +27,9 @@ class TrainConfig:
     precision: str = choice("fp32", "bf16")
     seed: int = 1234
     threads: int = 0  # torch threads per rank (0: cores / ranks on this node)
-    stop_after: int = 0  # end this run after N steps (0: run to `steps`), e.g. for a job time limit; resume=true continues
+    stop_after: int = (
+        0  # end this run after N steps (0: run to `steps`), e.g. for a job time limit; resume=true continues
+    )
 
 
 @dataclass
@@ -53,10 +56,19 @@ def validate(cfg, world_size: int) -> None:
     check(m.d_model % m.n_head == 0, "model.d_model", f"{m.d_model} is not divisible by model.n_head={m.n_head}")
     check(m.moe_every >= 0, "model.moe_every", f"must be >= 0 (0: no MoE layers), got {m.moe_every}")
     check(m.num_experts >= 1, "model.num_experts", f"must be >= 1, got {m.num_experts}")
-    check(m.top_k <= m.num_experts, "model.top_k", f"top-{m.top_k} needs at least {m.top_k} experts, got {m.num_experts}")
-    check(ep >= 1 and world_size % ep == 0, "model.ep_size",
-          f"expert-parallel size {ep} must divide the world size {world_size} (data parallel across expert groups)")
-    check(m.num_experts % ep == 0, "model.ep_size", f"expert-parallel size {ep} must divide model.num_experts={m.num_experts}")
+    check(
+        m.top_k <= m.num_experts, "model.top_k", f"top-{m.top_k} needs at least {m.top_k} experts, got {m.num_experts}"
+    )
+    check(
+        ep >= 1 and world_size % ep == 0,
+        "model.ep_size",
+        f"expert-parallel size {ep} must divide the world size {world_size} (data parallel across expert groups)",
+    )
+    check(
+        m.num_experts % ep == 0,
+        "model.ep_size",
+        f"expert-parallel size {ep} must divide model.num_experts={m.num_experts}",
+    )
     check(m.capacity_factor > 0, "model.capacity_factor", f"must be > 0, got {m.capacity_factor}")
     for key in ("steps", "micro_batch", "grad_accum"):
         check(t[key] >= 1, f"train.{key}", f"must be >= 1, got {t[key]}")

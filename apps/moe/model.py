@@ -7,6 +7,7 @@ which the trainer adds to the language-model loss. The MoE layers need DeepSpeed
 groups, so build the model after the communication layer is up (`deepspeed.initialize`
 then creates the expert-parallel groups).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -78,9 +79,16 @@ class Block(nn.Module):
             from deepspeed.moe.layer import MoE  # imported here: the dense model needs no DeepSpeed
 
             self.mlp = MoE(
-                hidden_size=cfg.d_model, expert=mlp, num_experts=cfg.num_experts, ep_size=cfg.ep_size, k=cfg.top_k,
-                capacity_factor=cfg.capacity_factor, eval_capacity_factor=cfg.eval_capacity_factor,
-                min_capacity=cfg.min_capacity, drop_tokens=cfg.drop_tokens, use_rts=cfg.use_rts,
+                hidden_size=cfg.d_model,
+                expert=mlp,
+                num_experts=cfg.num_experts,
+                ep_size=cfg.ep_size,
+                k=cfg.top_k,
+                capacity_factor=cfg.capacity_factor,
+                eval_capacity_factor=cfg.eval_capacity_factor,
+                min_capacity=cfg.min_capacity,
+                drop_tokens=cfg.drop_tokens,
+                use_rts=cfg.use_rts,
             )
         else:
             self.mlp = mlp

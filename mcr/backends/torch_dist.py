@@ -4,6 +4,7 @@ We construct `ProcessGroupGloo`/`ProcessGroupNCCL` directly on our own store ins
 through `init_process_group`, so the runtime never touches torch's default group: users can
 still call `dist.init_process_group(backend="mcr")` (or any other backend) beside it.
 """
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -130,8 +131,13 @@ class GlooBackend(TorchDistBackend):
         # gloo's list all-to-all needs equal sizes; packing into one uneven all_to_all_single does not
         packed_in = torch.cat([t.reshape(-1) for t in input_list])
         packed_out = torch.empty(sum(t.numel() for t in output_list), dtype=packed_in.dtype)
-        work = g.alltoall_base(packed_out, packed_in, [t.numel() for t in output_list],
-                               [t.numel() for t in input_list], self._all_to_all_opts)
+        work = g.alltoall_base(
+            packed_out,
+            packed_in,
+            [t.numel() for t in output_list],
+            [t.numel() for t in input_list],
+            self._all_to_all_opts,
+        )
 
         def copy_out():
             for out, part in zip(output_list, packed_out.split([t.numel() for t in output_list])):

@@ -6,4 +6,5 @@
 - `torchrec`: sharders that offer row-wise sharding on CPU.
 - `bench`: the hooks' per-call overhead (`python -m launch.local -n 2 -m mcr.hooks.bench`).
 """
+
 from . import torch_backend  # noqa: F401  (registers backend "mcr")

@@ -11,6 +11,7 @@ reaches the group from C++ (as DDP's reducer does) and allocates its output. "ov
 is what each path adds to the library call. With `-n 1` the peer's scheduling drops out and
 the rows show pure software cost (useful on a loaded machine).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,7 +57,7 @@ def measure(iters: int) -> list:
 def format_rows(rows) -> str:
     base = rows[0][1]
     lines = [
-        f"\n# backend \"mcr\" overhead, 4-byte all_reduce, {api.get_world_size()} ranks (median per call, slowest rank)",
+        f'\n# backend "mcr" overhead, 4-byte all_reduce, {api.get_world_size()} ranks (median per call, slowest rank)',
         f"{'path':<26}{'us/call':>10}{'over library us':>17}",
         "-" * 53,
     ]

@@ -17,6 +17,7 @@ Afterwards every deepspeed.comm op (MoE all-to-all, gating all-reduce, ZeRO redu
 all-gather, gradient all-reduce, pipeline send/recv) reaches the runtime's per-call choice.
 `deepspeed.initialize()` then sees an initialized backend and keeps it. Idempotent.
 """
+
 from __future__ import annotations
 
 import os
@@ -31,10 +32,28 @@ from . import torch_backend
 # backend, group None (DeepSpeed's "the world") is redirected to the "mcr" world group.
 # Rank and size queries need no redirect: both world groups hold the same ranks.
 _GROUP_ARG = {
-    "all_reduce": 2, "inference_all_reduce": 2, "all_reduce_coalesced": 2, "reduce": 3, "reduce_scatter": 3,
-    "broadcast": 2, "broadcast_object_list": 2, "all_gather": 2, "all_gather_into_tensor": 2, "all_gather_base": 2,
-    "all_gather_coalesced": 2, "all_gather_object": 2, "reduce_scatter_tensor": 3, "all_to_all_single": 4,
-    "all_to_all": 2, "send": 2, "recv": 2, "isend": 2, "irecv": 2, "gather": 3, "scatter": 3, "barrier": 0,
+    "all_reduce": 2,
+    "inference_all_reduce": 2,
+    "all_reduce_coalesced": 2,
+    "reduce": 3,
+    "reduce_scatter": 3,
+    "broadcast": 2,
+    "broadcast_object_list": 2,
+    "all_gather": 2,
+    "all_gather_into_tensor": 2,
+    "all_gather_base": 2,
+    "all_gather_coalesced": 2,
+    "all_gather_object": 2,
+    "reduce_scatter_tensor": 3,
+    "all_to_all_single": 4,
+    "all_to_all": 2,
+    "send": 2,
+    "recv": 2,
+    "isend": 2,
+    "irecv": 2,
+    "gather": 3,
+    "scatter": 3,
+    "barrier": 0,
     "monitored_barrier": 0,
 }
 
@@ -50,7 +69,9 @@ def install(config=None):
             raise ValueError("mcr.hooks.deepspeed.install: already installed; call it once with the config")
         return api.runtime()
     if api.is_initialized() and config is not None:
-        raise ValueError("mcr.hooks.deepspeed.install: mcr.init() already ran; pass the config there, or to install() only")
+        raise ValueError(
+            "mcr.hooks.deepspeed.install: mcr.init() already ran; pass the config there, or to install() only"
+        )
     if not dist.is_initialized():
         torch_backend.init_process_group(config)  # the runtime it starts ends with destroy_process_group()
         world = None
@@ -74,8 +95,12 @@ def install(config=None):
 def _export_launch_env(rt):
     """DeepSpeed reads these (engine, logging); mpiexec sets none of them, like its mpi_discovery."""
     info = rt.info
-    for key, value in (("RANK", info.rank), ("WORLD_SIZE", info.world_size), ("LOCAL_RANK", info.local_rank),
-                       ("LOCAL_WORLD_SIZE", info.local_world_size)):
+    for key, value in (
+        ("RANK", info.rank),
+        ("WORLD_SIZE", info.world_size),
+        ("LOCAL_RANK", info.local_rank),
+        ("LOCAL_WORLD_SIZE", info.local_world_size),
+    ):
         os.environ.setdefault(key, str(value))
 
 

@@ -23,6 +23,7 @@ collectives) to these Python methods. The runtime's gloo group is also registere
 group's cpu backend so C++ paths that ask for the device backend directly (monitored_barrier,
 `torch.ops.c10d.*` under torch.compile) still work; those few calls run on gloo, unchosen.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -199,20 +200,35 @@ class RuntimeProcessGroup(dist.ProcessGroup):
 
 # torch hands a fresh ReduceOp per call; mapping it to one canonical enum object lets the
 # runtime's choice cache match by identity (a pybind enum compare costs ~0.4 µs).
-_CANONICAL_OPS = {op: op for op in (ReduceOp.SUM, ReduceOp.AVG, ReduceOp.PRODUCT, ReduceOp.MIN, ReduceOp.MAX,
-                                     ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR)}
+_CANONICAL_OPS = {
+    op: op
+    for op in (
+        ReduceOp.SUM,
+        ReduceOp.AVG,
+        ReduceOp.PRODUCT,
+        ReduceOp.MIN,
+        ReduceOp.MAX,
+        ReduceOp.BAND,
+        ReduceOp.BOR,
+        ReduceOp.BXOR,
+    )
+}
 
 
 def _op(reduce_op):
     op = _CANONICAL_OPS.get(reduce_op.op)
     if op is None:
-        raise ValueError(f"mcr backend: reduce op {reduce_op.op} is not supported (PREMUL_SUM: scale the tensor, then use SUM)")
+        raise ValueError(
+            f"mcr backend: reduce op {reduce_op.op} is not supported (PREMUL_SUM: scale the tensor, then use SUM)"
+        )
     return op
 
 
 def _single(name, tensors):
     if len(tensors) != 1:
-        raise ValueError(f"mcr backend: {name} takes one tensor per rank, got {len(tensors)} (multi-device lists are not supported)")
+        raise ValueError(
+            f"mcr backend: {name} takes one tensor per rank, got {len(tensors)} (multi-device lists are not supported)"
+        )
 
 
 def _unflatten(flat, tensors):

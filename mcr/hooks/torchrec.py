@@ -9,6 +9,7 @@ and DDP's dense all-reduce all go through the runtime.
     from mcr.hooks.torchrec import cpu_sharders
     model = DistributedModelParallel(dlrm, device=torch.device("cpu"), sharders=cpu_sharders())
 """
+
 from __future__ import annotations
 
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder

@@ -3,6 +3,7 @@
 Every ProcessGroup method must return a Work (never None): the C++ trampoline wraps it and
 callers such as the DDP reducer call `wait()` or `getFuture()` on it.
 """
+
 from __future__ import annotations
 
 import torch

@@ -4,6 +4,7 @@ A candidate is a backend plus how it runs the op (today: a chunk size for all-re
 `mcr.api` runs as a train of chunks). Labels are what the tuning table, the plots and the report
 show; `Choice` is what the runtime acts on.
 """
+
 from __future__ import annotations
 
 from .table import Choice

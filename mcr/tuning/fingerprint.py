@@ -1,4 +1,5 @@
 """The machine fingerprint a tuning table carries, so a table is not used where it was not measured."""
+
 from __future__ import annotations
 
 import os

@@ -12,6 +12,7 @@ of magnitude; an absolute fit would only see the largest sizes). Used two ways:
     (protocol switches, cache effects) and only its scale moves. It assumes the same links: a
     table from one node says nothing about a network it never crossed.
 """
+
 from __future__ import annotations
 
 import copy
@@ -102,7 +103,9 @@ def _source(curves, op, dtype, n):
     return min(mine, key=lambda c: c.group_size)
 
 
-def predict_table(table: TuningTable, world_size: int, ranks_per_node=None, margin: float = DEFAULT_MARGIN) -> TuningTable:
+def predict_table(
+    table: TuningTable, world_size: int, ranks_per_node=None, margin: float = DEFAULT_MARGIN
+) -> TuningTable:
     """The table for a job of `world_size` ranks: measured entries of group sizes that exist in
     the table are kept; the group of `world_size` gets entries predicted by the model."""
     if table.fingerprint.get("world_size") in (None, world_size):

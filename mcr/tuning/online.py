@@ -15,6 +15,7 @@ non-CPU tensors are left to the default order.
 The learned table is `OnlineTuner.table()`; with `MCR_TUNING_SAVE=path` rank 0 rewrites it
 there after each new decision (the runtime reads it back with `tuning: path`).
 """
+
 from __future__ import annotations
 
 from .. import measure
@@ -38,7 +39,9 @@ class OnlineTuner:
 
     device = "cpu"  # it measures CPU tensors only
 
-    def __init__(self, rt, order, save_path=None, margin=DEFAULT_MARGIN, iters=20, warmup=2, rounds=2, chunks=(1 << 20,)):
+    def __init__(
+        self, rt, order, save_path=None, margin=DEFAULT_MARGIN, iters=20, warmup=2, rounds=2, chunks=(1 << 20,)
+    ):
         self.rt = rt
         self.order = tuple(order)  # preferred backends first: the incumbent each candidate must beat
         self.save_path = save_path
@@ -73,8 +76,11 @@ class OnlineTuner:
 
     # --- measuring ---------------------------------------------------------------------------
     def _candidates(self, family, nbytes, dtype, reduce_op):
-        plain = [Choice(n) for n in self.order
-                 if n in self.rt.backends and self.rt.backends[n].supports(family, dtype, reduce_op, "cpu")]
+        plain = [
+            Choice(n)
+            for n in self.order
+            if n in self.rt.backends and self.rt.backends[n].supports(family, dtype, reduce_op, "cpu")
+        ]
         if family != "all_reduce":
             return plain
         return plain + [Choice(c.backend, k) for c in plain for k in self.chunks if nbytes >= 2 * k]
@@ -100,15 +106,31 @@ class OnlineTuner:
         ordered = sorted(self.decisions.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[1][0], kv[0][0], kv[0][3]))
         for (gid, op, dtype, low), (size, high, choice, latency, nbytes) in ordered:
             last = entries[-1] if entries else None
-            if (last is not None and (last.op, last.group_size, last.dtype) == (op, size, dtype)
-                    and last.max_bytes == low and last.choice == choice):
+            if (
+                last is not None
+                and (last.op, last.group_size, last.dtype) == (op, size, dtype)
+                and last.max_bytes == low
+                and last.choice == choice
+            ):
                 last.max_bytes, last.latency_us, last.latency_at_bytes = high, latency, nbytes
                 continue
-            if any((e.op, e.group_size, e.dtype) == (op, size, dtype) and e.min_bytes <= low < e.max_bytes for e in entries):
+            if any(
+                (e.op, e.group_size, e.dtype) == (op, size, dtype) and e.min_bytes <= low < e.max_bytes for e in entries
+            ):
                 continue  # another group of this size already decided this bucket
-            entries.append(Entry(op=op, group_size=size, min_bytes=low, max_bytes=high, backend=choice.backend,
-                                 dtype=dtype, chunk_bytes=choice.chunk_bytes, latency_us=dict(latency),
-                                 latency_at_bytes=nbytes))
+            entries.append(
+                Entry(
+                    op=op,
+                    group_size=size,
+                    min_bytes=low,
+                    max_bytes=high,
+                    backend=choice.backend,
+                    dtype=dtype,
+                    chunk_bytes=choice.chunk_bytes,
+                    latency_us=dict(latency),
+                    latency_at_bytes=nbytes,
+                )
+            )
         fp = fingerprint(self.rt)
         fp["learned_online"] = True
         return TuningTable(fp, entries, self.save_path)

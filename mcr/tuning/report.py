@@ -3,6 +3,7 @@
 Plots: latency and bus bandwidth versus message size, one line per candidate, with the chosen
 envelope (the latency of the table's choice at each measured size) drawn over them.
 """
+
 from __future__ import annotations
 
 import os
@@ -48,7 +49,9 @@ def chosen_latency(table, curve) -> list:
     """The latency of the table's choice at each measured size of the curve (the envelope)."""
     out = []
     for i, s in enumerate(curve.bytes):
-        choice = table.lookup(curve.op, s, curve.group_size, "any") or table.lookup(curve.op, s, curve.group_size, curve.dtype)
+        choice = table.lookup(curve.op, s, curve.group_size, "any") or table.lookup(
+            curve.op, s, curve.group_size, curve.dtype
+        )
         out.append(None if choice is None else curve.latency_us.get(label(choice), [None] * len(curve.bytes))[i])
     return out
 
@@ -73,7 +76,11 @@ def write_plots(table, directory: str) -> list:
                 continue
             xs, ts = zip(*pts)
             bw = [s / (t * 1e-6) / 1e9 * factor for s, t in pts]
-            style = dict(color="black", linestyle="--", linewidth=2.5, alpha=0.6, zorder=5) if name == "chosen" else dict(marker=".")
+            style = (
+                dict(color="black", linestyle="--", linewidth=2.5, alpha=0.6, zorder=5)
+                if name == "chosen"
+                else dict(marker=".")
+            )
             ax_lat.plot(xs, ts, label=name, **style)
             ax_bw.plot(xs, bw, label=name, **style)
         ax_lat.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="latency (µs, slowest rank)")
@@ -83,7 +90,9 @@ def write_plots(table, directory: str) -> list:
             ax.grid(True, which="both", alpha=0.3)
         ax_lat.legend(fontsize=8)
         kind = " (predicted)" if curve.predicted else ""
-        fig.suptitle(f"{curve.op}, {curve.group_size} ranks{kind}: latency and bus bandwidth; dashed = the table's choice")
+        fig.suptitle(
+            f"{curve.op}, {curve.group_size} ranks{kind}: latency and bus bandwidth; dashed = the table's choice"
+        )
         fig.tight_layout()
         path = os.path.join(directory, f"{curve.op}-n{curve.group_size}.png")
         fig.savefig(path, dpi=110)

@@ -10,6 +10,7 @@ Rules (all deterministic, so every rank given the same agreed timings writes the
     crossover to the next measured size is marked `predicted` (the model decided it).
   - merge: adjacent ranges with the same choice and the same `predicted` flag become one entry.
 """
+
 from __future__ import annotations
 
 from .candidates import parse_label
@@ -105,7 +106,18 @@ def entries_for(curve: Curve, margin: float = DEFAULT_MARGIN, order=None, dtype:
     out = []
     for low, high, lab, predicted, latency, at in merged:
         choice = parse_label(lab)
-        out.append(Entry(op=curve.op, group_size=curve.group_size, min_bytes=low, max_bytes=high,
-                         backend=choice.backend, dtype=dtype, chunk_bytes=choice.chunk_bytes,
-                         predicted=predicted, latency_us=latency, latency_at_bytes=at))
+        out.append(
+            Entry(
+                op=curve.op,
+                group_size=curve.group_size,
+                min_bytes=low,
+                max_bytes=high,
+                backend=choice.backend,
+                dtype=dtype,
+                chunk_bytes=choice.chunk_bytes,
+                predicted=predicted,
+                latency_us=latency,
+                latency_at_bytes=at,
+            )
+        )
     return out

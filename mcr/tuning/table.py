@@ -21,6 +21,7 @@ Tables written by `python -m mcr.tune` also keep what the choice was made from:
     model:    # latency = alpha + beta * bytes, fitted per (op, candidate, group size)
       - {op: all_reduce, group_size: 2, candidate: mpi, alpha_us: 2.0, beta_us_per_MiB: 250.0}
 """
+
 from __future__ import annotations
 
 import bisect
@@ -65,6 +66,7 @@ class Entry:
 class Curve:
     """One op's measurements at one group size: latency (µs) per candidate label per size;
     None where a candidate was not measured (a chunked candidate below two chunks)."""
+
     op: str
     group_size: int
     dtype: str
@@ -76,6 +78,7 @@ class Curve:
 @dataclass
 class Fit:
     """latency_us = alpha_us + beta_us_per_MiB * bytes / 2**20 for one (op, candidate, group size)."""
+
     op: str
     group_size: int
     candidate: str

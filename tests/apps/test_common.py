@@ -1,4 +1,5 @@
 """apps/common: config loading and its errors, data, checkpoints bookkeeping, metrics (in-process)."""
+
 import os
 from dataclasses import dataclass, field
 
@@ -40,7 +41,9 @@ def test_unknown_key_names_the_key_and_the_valid_keys():
 def test_unknown_key_in_preset_names_the_file(tmp_path):
     preset = tmp_path / "bad.yaml"
     preset.write_text("nmae: typo\n")
-    with pytest.raises(ConfigError, match=r"unknown config key 'nmae' in .*bad\.yaml.*valid keys at the top level: name, inner, comm"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'nmae' in .*bad\.yaml.*valid keys at the top level: name, inner, comm"
+    ):
         load_config(Schema, ["--config", str(preset)])
 
 
@@ -63,7 +66,9 @@ def test_comm_backend_checks_names_and_op_families():
     check_comm(load_config(Schema, ["comm.backend={all_to_all: mpi, default: gloo}"]).comm)
     with pytest.raises(ConfigError, match=r"'comm\.backend'; choose one of auto, gloo, mpi, nccl"):
         check_comm(load_config(Schema, ["comm.backend=mpich"]).comm)
-    with pytest.raises(ConfigError, match=r"unknown op 'alltoall' in config key 'comm\.backend'; choose from .*all_to_all"):
+    with pytest.raises(
+        ConfigError, match=r"unknown op 'alltoall' in config key 'comm\.backend'; choose from .*all_to_all"
+    ):
         check_comm(load_config(Schema, ["comm.backend={alltoall: mpi}"]).comm)
     with pytest.raises(ConfigError, match=r"'comm\.tuning': no such file"):
         check_comm(load_config(Schema, ["comm.tuning=/no/such/table.yaml"]).comm)
@@ -71,8 +76,13 @@ def test_comm_backend_checks_names_and_op_families():
 
 def test_per_op_map_becomes_runtime_overrides():
     comm = load_config(Schema, ["comm.backend={all_to_all: mpi, default: gloo}"]).comm
-    assert runtime_config(comm) == {"backend": "gloo", "overrides": {"all_to_all": "mpi"}, "tuning": None,
-                                    "comm_log": True, "comm_log_json": None}
+    assert runtime_config(comm) == {
+        "backend": "gloo",
+        "overrides": {"all_to_all": "mpi"},
+        "tuning": None,
+        "comm_log": True,
+        "comm_log_json": None,
+    }
 
 
 def test_resolved_config_round_trips(tmp_path):
@@ -107,7 +117,7 @@ def test_text_file_is_read_as_bytes_with_a_held_out_tail(tmp_path):
     path.write_text(text, encoding="utf-8")
     data = TokenBatches(DataConfig(kind="text", path=str(path), val_fraction=0.25), 256, 8, 2, seed=0, rank=0)
     raw = text.encode("utf-8")
-    assert data.splits["val"].tolist() == list(raw[len(data.splits["train"]):])
+    assert data.splits["val"].tolist() == list(raw[len(data.splits["train"]) :])
     assert ByteTokenizer.decode(ByteTokenizer.encode("héllo")) == "héllo"
     x, _ = data.get(0)
     assert bytes(x[0].tolist()) in raw

@@ -2,6 +2,7 @@
 
 The tiny preset trains in a few seconds; runs shared between tests are made once per module.
 """
+
 import json
 import math
 import os
@@ -26,8 +27,12 @@ BACKENDS = {
 
 
 def train(tmp_dir, name, *overrides, nprocs=2, launcher="mpiexec", timeout=300):
-    result = run_ranks(nprocs, ["-m", "apps.moe", "--config", TINY, f"out_dir={tmp_dir}", f"name={name}", "log_interval=1",
-                                *overrides], launcher=launcher, timeout=timeout).check()
+    result = run_ranks(
+        nprocs,
+        ["-m", "apps.moe", "--config", TINY, f"out_dir={tmp_dir}", f"name={name}", "log_interval=1", *overrides],
+        launcher=launcher,
+        timeout=timeout,
+    ).check()
     run_dir = os.path.join(tmp_dir, name)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         metrics = [json.loads(line) for line in f]
@@ -67,7 +72,7 @@ def test_every_backend_choice_gives_the_same_losses_as_gloo(backend_runs, choice
 
 def test_comm_table_printed_at_the_end_names_the_chosen_backends(backend_runs):
     output, metrics, _ = backend_runs("per-op")
-    table = output[output.index("mcr communication log"):]
+    table = output[output.index("mcr communication log") :]
     assert any(line.startswith("all_to_all") and " mpi " in line for line in table.splitlines()), table
     assert any(line.startswith("all_reduce") and " gloo " in line for line in table.splitlines()), table
     assert "comm_ms" in metrics[-1]  # the step time is split once the runtime measures comm
@@ -76,7 +81,7 @@ def test_comm_table_printed_at_the_end_names_the_chosen_backends(backend_runs):
 @pytest.mark.parametrize("choice", ["gloo", "mpi"])
 def test_single_backend_choice_runs_every_deepspeed_collective_on_it(backend_runs, choice):
     output = backend_runs(choice)[0]
-    rows = [line.split() for line in output[output.index("mcr communication log"):].splitlines()[3:] if line.strip()]
+    rows = [line.split() for line in output[output.index("mcr communication log") :].splitlines()[3:] if line.strip()]
     rows = [r for r in rows if len(r) == 9]  # op backend size ranks count total mean algbw busbw
     assert {r[0] for r in rows} >= {"all_reduce", "all_to_all", "broadcast"}
     assert {r[1] for r in rows} == {choice}
@@ -90,7 +95,7 @@ def test_run_directory_holds_resolved_config_metrics_and_summary(backend_runs):
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
     assert summary["steps"] == 30 and summary["world_size"] == 2 and summary["tokens_per_s"] > 0
-    assert f"done: 30 steps" in output and f"{summary['tokens_per_s']:,.0f} tok/s" in output
+    assert "done: 30 steps" in output and f"{summary['tokens_per_s']:,.0f} tok/s" in output
 
 
 def test_resume_continues_the_same_loss_curve(backend_runs, tmp_path):
@@ -110,8 +115,17 @@ def test_resume_continues_the_same_loss_curve(backend_runs, tmp_path):
 
 def test_text_file_under_torchrun_with_zero2_and_top2_trains_and_reports_validation_loss(tmp_path):
     text = os.path.join(REPO, "README.md")
-    output, metrics, _ = train(str(tmp_path), "text", "data.kind=text", f"data.path={text}", "eval_interval=10",
-                               "train.zero_stage=2", "model.top_k=2", "comm.backend=gloo", launcher="torchrun")
+    output, metrics, _ = train(
+        str(tmp_path),
+        "text",
+        "data.kind=text",
+        f"data.path={text}",
+        "eval_interval=10",
+        "train.zero_stage=2",
+        "model.top_k=2",
+        "comm.backend=gloo",
+        launcher="torchrun",
+    )
     assert "ZeRO-2" in output and "top-2" in output
     vals = [m["val_loss"] for m in metrics if "val_loss" in m]
     assert len(vals) == 3 and vals[-1] < vals[0]
@@ -119,26 +133,32 @@ def test_text_file_under_torchrun_with_zero2_and_top2_trains_and_reports_validat
 
 
 # --- config errors: before any process group ------------------------------------------------
-@pytest.mark.parametrize("override, message", [
-    ("model.top_k=3", r"bad value 3 for config key 'model\.top_k'; choose one of 1, 2"),
-    ("comm.backend=nccl2", r"'comm\.backend'; choose one of auto, gloo, mpi, nccl"),
-    ("train.zero_stage=3", r"config key 'train\.zero_stage'; choose one of 0, 1, 2"),
-    ("model.num_expert=4", r"unknown config key 'model\.num_expert'.*valid keys under 'model': .*num_experts"),
-    ("model.ep_size=3", r"'model\.ep_size'.*must divide"),
-    ("data.kind=text", r"'data\.path'.*needs an existing file"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.top_k=3", r"bad value 3 for config key 'model\.top_k'; choose one of 1, 2"),
+        ("comm.backend=nccl2", r"'comm\.backend'; choose one of auto, gloo, mpi, nccl"),
+        ("train.zero_stage=3", r"config key 'train\.zero_stage'; choose one of 0, 1, 2"),
+        ("model.num_expert=4", r"unknown config key 'model\.num_expert'.*valid keys under 'model': .*num_experts"),
+        ("model.ep_size=3", r"'model\.ep_size'.*must divide"),
+        ("data.kind=text", r"'data\.path'.*needs an existing file"),
+    ],
+)
 def test_bad_config_fails_before_any_process_group(override, message):
     with pytest.raises(ConfigError, match=message):
         main(["--config", TINY, override])
     assert not torch.distributed.is_initialized()
     import deepspeed.comm.comm as ds_comm
+
     assert ds_comm.cdb is None
 
 
 def test_bad_config_under_mpiexec_exits_with_one_message():
     result = run_ranks(2, ["-m", "apps.moe", "--config", TINY, "train.zero_stage=4"], timeout=120)
     assert result.returncode != 0
-    assert result.output.count("config error: bad value 4 for config key 'train.zero_stage'; choose one of 0, 1, 2") == 1
+    assert (
+        result.output.count("config error: bad value 4 for config key 'train.zero_stage'; choose one of 0, 1, 2") == 1
+    )
     assert "No existing process group" not in result.output  # no DeepSpeed groups were made
 
 
@@ -153,10 +173,17 @@ def test_compare_table_reports_gain_over_each_single_backend():
     from apps.moe.compare import table
 
     def summary(tps):
-        return {"tokens_per_s": tps, "samples_per_s": tps / 100, "median_step_ms": 1e5 / tps, "p10_tokens_per_s": tps,
-                "comm_ms": 1.0}
+        return {
+            "tokens_per_s": tps,
+            "samples_per_s": tps / 100,
+            "median_step_ms": 1e5 / tps,
+            "p10_tokens_per_s": tps,
+            "comm_ms": 1.0,
+        }
 
-    text = table({"gloo": [summary(1000), summary(1200)], "mpi": [summary(2200)], "auto": [summary(2420), None]}, 2, "x")
+    text = table(
+        {"gloo": [summary(1000), summary(1200)], "mpi": [summary(2200)], "auto": [summary(2420), None]}, 2, "x"
+    )
     auto = next(line for line in text.splitlines() if line.startswith("auto"))
     assert auto.split()[-2:] == ["+120.0%", "+10.0%"]  # 2420 vs gloo's median 1100, vs mpi's 2200
     assert "failed" in table({"gloo": [summary(1)], "mpi": [None]}, 2, "x")

@@ -1,9 +1,9 @@
 import pytest
+from conftest import make_cluster
 
 from bapipe.explore import CostModel
 from bapipe.profile import LayerProfile, Profile
 from bapipe.simulate import draw_timeline, simulate, stage_order
-from conftest import make_cluster
 
 F, B = 0.01, 0.02
 
@@ -43,7 +43,7 @@ def test_one_f_one_b_formula_bounds_simulation_with_transfers(p, m):
     # the end stages send one way only, so their steady state is shorter than the formula's max;
     # the cost model counts that (t + c_out + c_in per stage) and lies between the two
     assert formula - m * c <= simulated <= plan.iteration_s + 1e-12 <= formula + 2e-12
-    if p > 2:   # with an interior stage the bottleneck is t + 2c, as in the formula
+    if p > 2:  # with an interior stage the bottleneck is t + 2c, as in the formula
         assert plan.iteration_s == pytest.approx(formula)
 
 

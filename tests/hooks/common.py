@@ -1,4 +1,5 @@
 """Helpers for the hooks tests: run a script on 2 real ranks and read what each rank printed."""
+
 import json
 import os
 import re
@@ -25,8 +26,13 @@ def tagged(output, tag):
 def assert_same_losses(got, want):
     assert got.keys() == want.keys() and got, f"runs report different models/ranks: {sorted(got)} vs {sorted(want)}"
     for key in want:
-        torch.testing.assert_close(torch.tensor(got[key]), torch.tensor(want[key]), rtol=1e-5, atol=1e-6,
-                                   msg=lambda m, key=key: f"losses of {key} differ from the gloo run: {m}")
+        torch.testing.assert_close(
+            torch.tensor(got[key]),
+            torch.tensor(want[key]),
+            rtol=1e-5,
+            atol=1e-6,
+            msg=lambda m, key=key: f"losses of {key} differ from the gloo run: {m}",
+        )
         assert len(set(want[key])) > 1, f"{key}: the losses do not change, so they cannot show training happened"
 
 

@@ -6,6 +6,7 @@
 Prints `LOSSES <ddp|fsdp> <rank> <json>` and, for mcr, `COMMLOG <ddp|fsdp> <rank> <json>`
 (the runtime's calls during that run: op, backend, bytes, count).
 """
+
 import json
 import sys
 

@@ -7,6 +7,7 @@ of it. "after": `deepspeed.init_distributed("gloo")`, then `install()`.
 Every rank prints `LOSSES <model> <rank> <json>`; in mcr mode also `COMMLOG <rank> <json>`
 (the runtime's rows: op family, backend, bytes, count).
 """
+
 import json
 import os
 import sys
@@ -57,8 +58,12 @@ def train(name, model, zero_stage, rank, world):
     config = {
         "train_micro_batch_size_per_gpu": MICRO,
         "train_batch_size": MICRO * world,
-        "zero_optimization": {"stage": zero_stage, "reduce_bucket_size": 500, "allgather_bucket_size": 500,
-                              "contiguous_gradients": False},  # ZeRO-3: reduce-scatter the gradients
+        "zero_optimization": {
+            "stage": zero_stage,
+            "reduce_bucket_size": 500,
+            "allgather_bucket_size": 500,
+            "contiguous_gradients": False,
+        },  # ZeRO-3: reduce-scatter the gradients
         "zero_allow_untested_optimizer": True,  # torch SGD: no JIT-built DeepSpeed optimizer
         "steps_per_print": 10**6,
     }

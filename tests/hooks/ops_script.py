@@ -5,6 +5,7 @@
 "mcr": dist.init_process_group(backend="mcr") (torchrun); "helper": the runtime first, via
 mcr.hooks.torch_backend.init_process_group (any launcher). Prints "OK <rank> <backends>".
 """
+
 import sys
 
 import torch

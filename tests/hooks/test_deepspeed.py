@@ -3,6 +3,7 @@
 The gloo baseline builds DeepSpeed's shared-memory op the first time (35-100 s, cached under
 ~/.cache/torch_extensions afterwards); the runtime side never builds it.
 """
+
 import pytest
 
 from tests.hooks.common import assert_same_losses, families, run, tagged

@@ -1,4 +1,5 @@
 """The torch.distributed backend "mcr" on 2 real ranks: every op, subgroups, DDP."""
+
 import os
 
 import pytest
@@ -38,7 +39,6 @@ def test_ddp_and_fsdp_on_mcr_match_plain_gloo_through_the_runtime():
 
 def test_rank_disagreeing_with_the_launcher_is_a_clear_error():
     """torch told rank 1 of 2 while this process is a world of one: refuse, naming the fix."""
-    import mcr
 
     try:
         with pytest.raises(RuntimeError, match=r"torch.distributed says rank 1 of 2.*launcher's rank"):

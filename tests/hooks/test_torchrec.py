@@ -1,4 +1,5 @@
 """TorchRec DistributedModelParallel with a sharded DLRM on backend "mcr" vs plain gloo."""
+
 import textwrap
 
 from tests.hooks.common import assert_same_losses, families, run, tagged

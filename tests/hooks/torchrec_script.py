@@ -8,6 +8,7 @@ mcr.hooks.torchrec's sharder on CPU). Inputs have a random number of ids per sam
 KJT exchange is an uneven all-to-all. Prints `LOSSES <rank> <json>`, `PLAN <rank> <json>`
 and, for mcr, `COMMLOG <rank> <json>`.
 """
+
 import json
 import sys
 
@@ -45,19 +46,26 @@ def main(mode):
         dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
-    tables = [EmbeddingBagConfig(name=t, embedding_dim=DIM, num_embeddings=ROWS, feature_names=[f"f_{t}"]) for t in SHARDING]
+    tables = [
+        EmbeddingBagConfig(name=t, embedding_dim=DIM, num_embeddings=ROWS, feature_names=[f"f_{t}"]) for t in SHARDING
+    ]
     dlrm = DLRM(
         embedding_bag_collection=EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
-        dense_in_features=4, dense_arch_layer_sizes=[16, DIM], over_arch_layer_sizes=[16, 1],
+        dense_in_features=4,
+        dense_arch_layer_sizes=[16, DIM],
+        over_arch_layer_sizes=[16, 1],
     )
     apply_optimizer_in_backward(torch.optim.SGD, dlrm.sparse_arch.parameters(), {"lr": 0.1})
     sharders = cpu_sharders()
     constraints = {t: ParameterConstraints(sharding_types=[s]) for t, s in SHARDING.items()}
     topology = Topology(world_size=world, local_world_size=world, compute_device="cpu")
-    plan = EmbeddingShardingPlanner(topology=topology, constraints=constraints).collective_plan(dlrm, sharders, dist.GroupMember.WORLD)
+    plan = EmbeddingShardingPlanner(topology=topology, constraints=constraints).collective_plan(
+        dlrm, sharders, dist.GroupMember.WORLD
+    )
     model = DistributedModelParallel(dlrm, device=torch.device("cpu"), plan=plan, sharders=sharders)
-    dense = KeyedOptimizerWrapper(dict(in_backward_optimizer_filter(model.named_parameters())),
-                                  lambda params: torch.optim.SGD(params, lr=0.1))
+    dense = KeyedOptimizerWrapper(
+        dict(in_backward_optimizer_filter(model.named_parameters())), lambda params: torch.optim.SGD(params, lr=0.1)
+    )
     losses = []
     for step in range(STEPS):
         x, kjt, y = batch(rank, step)

@@ -1,4 +1,5 @@
 """Job scripts for LSF, SLURM and Cobalt systems: valid bash, one rank per GPU, MPI launcher."""
+
 import subprocess
 
 import pytest
@@ -10,7 +11,10 @@ CMD = ["python", "-m", "apps.moe", "--config", "configs/moe/default.yaml"]
 
 def write(tmp_path, system, nodes):
     out = tmp_path / "job.sh"
-    assert main(["--system", f"configs/systems/{system}.yaml", "--nodes", str(nodes), "--output", str(out), "--", *CMD]) == 0
+    assert (
+        main(["--system", f"configs/systems/{system}.yaml", "--nodes", str(nodes), "--output", str(out), "--", *CMD])
+        == 0
+    )
     text = out.read_text()
     subprocess.run(["bash", "-n", str(out)], check=True)  # it parses
     return text

@@ -1,4 +1,5 @@
 """Bad runtime settings fail with a message naming the key and the choices."""
+
 import pytest
 
 from mcr.config import ConfigError, load

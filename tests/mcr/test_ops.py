@@ -1,4 +1,5 @@
 """Every op on every backend and on the automatic choice, on real ranks."""
+
 import os
 import re
 
@@ -21,7 +22,10 @@ def test_every_op_matches_local_reference(nprocs, launcher, backends):
     assert all(int(count) > 1000 and found == backends for _, count, found in oks), oks
     # unsupported combinations fall back visibly, not silently
     if "mpi" in backends:
-        assert "mpi (asked for by backend=) cannot run all_reduce sum on cpu bfloat16 tensors; using gloo for all_reduce" in out
+        assert (
+            "mpi (asked for by backend=) cannot run all_reduce sum on cpu bfloat16 tensors; using gloo for all_reduce"
+            in out
+        )
 
 
 def test_torchrun_reports_mpi_unavailable_once():

@@ -1,4 +1,5 @@
 """The performance model: α-β fit, prediction for other group sizes, and the CLI that prints it."""
+
 import subprocess
 import sys
 
@@ -14,7 +15,10 @@ SIZES = [2**k for k in range(2, 27)]
 
 def test_fit_recovers_known_alpha_and_beta():
     alpha, beta = 3.5, 2.5e-4  # µs, µs per byte
-    assert fit(SIZES, [alpha + beta * s for s in SIZES]) == (pytest.approx(alpha, rel=1e-6), pytest.approx(beta, rel=1e-6))
+    assert fit(SIZES, [alpha + beta * s for s in SIZES]) == (
+        pytest.approx(alpha, rel=1e-6),
+        pytest.approx(beta, rel=1e-6),
+    )
 
 
 def test_fit_on_noisy_data_stays_close():
@@ -46,7 +50,9 @@ def test_prediction_scales_latency_and_bandwidth_terms_by_the_group_size():
 
 def test_predicted_table_marks_every_new_entry_and_keeps_measured_ones():
     measured = _curve()
-    table = TuningTable({"world_size": 2, "hostname": "vm", "ranks_per_node": 2}, entries_for(measured), None, [measured])
+    table = TuningTable(
+        {"world_size": 2, "hostname": "vm", "ranks_per_node": 2}, entries_for(measured), None, [measured]
+    )
     predicted = predict_table(table, 8, ranks_per_node=8)
     new = [e for e in predicted.entries if e.group_size == 8]
     assert new and all(e.predicted for e in new)
@@ -60,8 +66,13 @@ def test_predict_world_size_command_prints_the_predicted_table(tmp_path):
     measured = _curve()
     path = tmp_path / "t.yaml"
     TuningTable({"world_size": 2, "hostname": "vm"}, entries_for(measured), None, [measured]).save(str(path))
-    out = subprocess.run([sys.executable, "-m", "mcr.tune", "--table", str(path), "--predict-world-size", "4"],
-                         cwd=REPO, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "mcr.tune", "--table", str(path), "--predict-world-size", "4"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "tuning table for 4 ranks" in out.stdout and "predicted from 2 ranks" in out.stdout
     assert "# all_reduce, group of 4" in out.stdout and "predicted" in out.stdout.split("group of 4")[1]

@@ -1,4 +1,5 @@
 """Online tuning (`tuning: auto`) converges to the same choice on every rank and sticks to it."""
+
 import json
 import os
 

@@ -1,4 +1,5 @@
 """The table-building rules: margin against flapping, crossovers between measured sizes, merging."""
+
 from mcr.tuning.candidates import label, parse_label
 from mcr.tuning.rules import crossover, entries_for, pick, winners
 from mcr.tuning.table import Choice, Curve, TuningTable
@@ -55,4 +56,6 @@ def test_a_chunked_candidate_is_a_choice_like_a_backend():
     last = entries[-1]
     assert (last.backend, last.chunk_bytes, last.min_bytes) == ("mpi", 1 << 20, 64)
     assert TuningTable({}, entries).lookup("all_reduce", 1000, 2, "float32") == Choice("mpi", 1 << 20)
-    assert label(Choice("mpi", 1 << 20)) == "mpi/chunk=1M" and parse_label("gloo/chunk=256K") == Choice("gloo", 256 << 10)
+    assert label(Choice("mpi", 1 << 20)) == "mpi/chunk=1M" and parse_label("gloo/chunk=256K") == Choice(
+        "gloo", 256 << 10
+    )

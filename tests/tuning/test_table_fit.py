@@ -1,5 +1,6 @@
 """A table measured for another job shape or machine is refused with a message naming the fix,
 or used through the model when tuning_predict asks for it."""
+
 import os
 
 import pytest
@@ -43,9 +44,17 @@ def test_predicting_needs_measured_curves():
 def test_runtime_refuses_a_table_for_another_world_size_and_uses_it_when_asked(tmp_path):
     path = tmp_path / "n4.yaml"
     _table().save(str(path))
-    refused = run_script(2, os.path.join(SCRIPTS, "load_table.py"), "refuse", env={"MCR_TUNING_FILE": str(path)}).check().output
+    refused = (
+        run_script(2, os.path.join(SCRIPTS, "load_table.py"), "refuse", env={"MCR_TUNING_FILE": str(path)})
+        .check()
+        .output
+    )
     assert refused.count("refused: tuning table") == 2 and "measured on 4 ranks but this job has 2" in refused, refused
-    used = run_script(2, os.path.join(SCRIPTS, "load_table.py"), "predict", env={"MCR_TUNING_FILE": str(path)}).check().output
+    used = (
+        run_script(2, os.path.join(SCRIPTS, "load_table.py"), "predict", env={"MCR_TUNING_FILE": str(path)})
+        .check()
+        .output
+    )
     # predicted for 2 ranks: still mpi for 1 KiB and gloo for 8 MiB, every entry marked predicted
     for rank in (0, 1):
         assert f"rank {rank}: all_reduce 1024 -> mpi chunk 0" in used, used

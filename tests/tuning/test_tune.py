@@ -1,4 +1,5 @@
 """`mcr.tune` on 2 real ranks writes the same table on every rank, and the runtime follows it."""
+
 import json
 import os
 
@@ -7,8 +8,24 @@ from tests.ranks import run_ranks, run_script
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 # small and quick: 3 ops, 16 B .. 2 MiB, a 512 KiB chunk candidate that applies from 1 MiB on
-TUNE = ["-m", "mcr.tune", "--ops", "all_reduce,all_to_all,send_recv", "--min-bytes", "16", "--max-bytes", "2M",
-        "--chunks", "512K", "--iters", "6", "--warmup", "2", "--rounds", "2"]
+TUNE = [
+    "-m",
+    "mcr.tune",
+    "--ops",
+    "all_reduce,all_to_all,send_recv",
+    "--min-bytes",
+    "16",
+    "--max-bytes",
+    "2M",
+    "--chunks",
+    "512K",
+    "--iters",
+    "6",
+    "--warmup",
+    "2",
+    "--rounds",
+    "2",
+]
 
 
 def test_tune_writes_an_identical_table_on_every_rank_and_the_runtime_follows_it(tmp_path):
@@ -31,7 +48,9 @@ def test_tune_writes_an_identical_table_on_every_rank_and_the_runtime_follows_it
     for e in table.entries:  # every choice keeps every candidate's latency beside it
         assert len(e.latency_us) >= 2 and e.latency_at_bytes is not None
     assert {m.candidate for m in table.model if m.op == "all_reduce"} >= {"mpi", "gloo", "mpi/chunk=512K"}
-    assert (tmp_path / "table-0.md").exists() and (tmp_path / "table-0-plots" / "all_reduce-n2.png").stat().st_size > 10_000
+    assert (tmp_path / "table-0.md").exists() and (
+        tmp_path / "table-0-plots" / "all_reduce-n2.png"
+    ).stat().st_size > 10_000
     assert "# all_reduce, group of 2" in out
 
     # the table as measured: the runtime's choice at each entry's sizes is the entry's

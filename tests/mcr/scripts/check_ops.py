@@ -1,5 +1,6 @@
 """Run on every rank: every op on every available backend and on the automatic choice, for
 each dtype and reduce op, checked against a reference computed locally from known inputs."""
+
 import itertools
 
 import torch
@@ -24,8 +25,13 @@ def value(r, dtype, numel=5):
 def reference(op, dtype, ranks):
     values = [value(r, torch.float64) for r in ranks]
     stacked = torch.stack(values)
-    out = {"sum": stacked.sum(0), "max": stacked.max(0).values, "min": stacked.min(0).values,
-           "product": stacked.prod(0), "avg": stacked.mean(0)}[op]
+    out = {
+        "sum": stacked.sum(0),
+        "max": stacked.max(0).values,
+        "min": stacked.min(0).values,
+        "product": stacked.prod(0),
+        "avg": stacked.mean(0),
+    }[op]
     return out.to(dtype)
 
 
@@ -66,7 +72,11 @@ def run(group, ranks):
             done(mcr.reduce_scatter_tensor(out, inp, op=op, group=group, async_op=asyn, backend=b))
             expect(out, reference(name, dtype, ranks), f"reduce_scatter_tensor {name} {tag}")
             out = torch.empty(5, dtype=dtype)
-            done(mcr.reduce_scatter(out, [value(rank, dtype) for _ in range(gsize)], op=op, group=group, async_op=asyn, backend=b))
+            done(
+                mcr.reduce_scatter(
+                    out, [value(rank, dtype) for _ in range(gsize)], op=op, group=group, async_op=asyn, backend=b
+                )
+            )
             expect(out, reference(name, dtype, ranks), f"reduce_scatter {name} {tag}")
 
         src = ranks[0]

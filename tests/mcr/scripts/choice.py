@@ -1,5 +1,6 @@
 """The backend chosen for each call is identical on every rank, even for uneven all-to-all
 whose local message sizes differ by rank. Usage: choice.py TABLE_PATH"""
+
 import os
 import sys
 

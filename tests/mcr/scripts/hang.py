@@ -1,4 +1,5 @@
 """Rank 1 skips one all-reduce (or dies): the job must fail naming the rank, op and backend."""
+
 import os
 import sys
 import time

@@ -3,6 +3,7 @@
 Usage: stress.py NUM_OPS SEED. Every result is checked, so a wrong answer fails as loudly as
 a hang (which the watchdog turns into a failure naming rank, op and backend).
 """
+
 import random
 import sys
 

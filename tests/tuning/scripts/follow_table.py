@@ -4,6 +4,7 @@ For each entry of the table's world-size group: three sizes inside its range mus
 the entry's backend and chunk size from the runtime, and a real all-reduce at that size must
 run on it (the comm log says where it ran). Usage: follow_table.py EXPECT_CHANGED(0|1)
 """
+
 import os
 import sys
 
@@ -39,5 +40,8 @@ for e in rt.table.entries:
         checked += 1
 assert checked > 0, "the table has no all_reduce entry for this world size"
 assert (changed > 0) == expect_changed, f"{changed} choices differ from the built-in order"
-print(f"rank {mcr.get_rank()}: table followed at {checked} sizes ({changed} differ from the built-in {default}) OK", flush=True)
+print(
+    f"rank {mcr.get_rank()}: table followed at {checked} sizes ({changed} differ from the built-in {default}) OK",
+    flush=True,
+)
 mcr.finalize()

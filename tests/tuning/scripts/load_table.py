@@ -3,6 +3,7 @@
 
 `refuse` starts MPI only and meets the peer in an MPI barrier before exiting: a rank that
 refused first must not tear down connections a peer is still opening."""
+
 import sys
 
 import torch

@@ -2,6 +2,7 @@
 the winner, stick to it, and save what they learned. Usage: online.py OUT_DIR
 
 Every rank prints its decisions; the test compares them across ranks."""
+
 import json
 import os
 import sys
@@ -29,7 +30,9 @@ for step in range(3):  # "iterations" of a job: the first one measures, later on
         after_first = tuner.measured
 assert tuner.measured == after_first == 2 * len(sizes), (tuner.measured, after_first)
 
-decisions = {f"{op}@{low}": [c.backend, c.chunk_bytes, lat] for (_, op, _, low), (_, _, c, lat, _) in tuner.decisions.items()}
+decisions = {
+    f"{op}@{low}": [c.backend, c.chunk_bytes, lat] for (_, op, _, low), (_, _, c, lat, _) in tuner.decisions.items()
+}
 for (_, op, _, low), (_, _, c, lat, _) in tuner.decisions.items():
     assert len(lat) >= 2 and all(t > 0 for t in lat.values()), lat  # every candidate was measured
     nbytes = max(low, 16)
