@@ -1,0 +1,1 @@
+"""DLRM on TorchRec: sharded embedding tables, every collective through the mcr runtime."""
