@@ -26,17 +26,56 @@ class Result:
         return self
 
 
+# Variables through which a launcher or scheduler tells a process its rank, or the user tells mcr
+# what to do. The children must get them from their own launcher only: inside a SLURM or
+# torchrun job, or a shell with MCR_* set, inherited values would give them the wrong rank or
+# config, and the runtime's own settings (e.g. OMPI_MCA_mpi_yield_when_idle) would go untested.
+LAUNCHER_PREFIXES = (
+    "OMPI_",
+    "PMI_",
+    "PMIX_",
+    "MPI_LOCAL",
+    "MV2_",
+    "SLURM_",
+    "SRUN_",
+    "JSM_",
+    "LSB_",
+    "LSF_",
+    "PBS_",
+    "COBALT_",
+    "TORCHELASTIC_",
+    "MCR_",
+    "HYDRA_",
+    "I_MPI_",
+)
+LAUNCHER_NAMES = {
+    "RANK",
+    "LOCAL_RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMP_NUM_THREADS",
+}
+
+
+def clean_env() -> dict:
+    """This process's environment without any launcher's or mcr's variables."""
+    return {k: v for k, v in os.environ.items() if k not in LAUNCHER_NAMES and not k.startswith(LAUNCHER_PREFIXES)}
+
+
 def run_ranks(
     nprocs: int, target: list, launcher: str = "mpiexec", env: dict | None = None, timeout: float = 240
 ) -> Result:
     """`target` is what follows `python`: ["-m", "module", args...] or ["script.py", args...]."""
-    full_env = dict(os.environ)
+    full_env = clean_env()
     full_env.update(
         {
             "PYTHONPATH": REPO + os.pathsep + full_env.get("PYTHONPATH", ""),
             "OMPI_ALLOW_RUN_AS_ROOT": "1",
             "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
-            "OMPI_MCA_mpi_yield_when_idle": "1",
             "WANDB_MODE": "disabled",
             "OMP_NUM_THREADS": "1",
             "PYTHONUNBUFFERED": "1",

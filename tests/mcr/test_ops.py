@@ -10,6 +10,25 @@ from tests.ranks import run_script
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 
+def expected_checks(rank: int, nprocs: int, num_backends: int) -> int:
+    """How many results check_ops.py compares on `rank`: one per op and tensor, counted here
+    from the script's plan (world, the subgroup {0, odd ranks}, a singleton) so that a skipped
+    op or a lost comparison fails the test."""
+
+    def per_group(ranks):
+        g, last = len(ranks), rank == ranks[-1]  # ranks[-1] is the root of reduce and gather
+        reduce_checks = 3 * 5 + 2 * 4  # reduce ops over the float (5 ops) and int (4: no avg) dtypes
+        per_reduce_op = 3 + last  # all_reduce, reduce_scatter_tensor, reduce_scatter; reduce at the root
+        # broadcast, all_gather (g), all_gather_into_tensor, gather at the root (g), scatter,
+        # even and uneven all_to_all_single, list all_to_all (g), send/recv when g > 1
+        others = 1 + g + 1 + (g if last else 0) + 1 + 2 + g + (g > 1)
+        per_backend = reduce_checks * per_reduce_op + 5 * others  # 5 dtypes
+        return 2 * (num_backends + 1) * per_backend  # sync and async, each backend and the automatic choice
+
+    sub = sorted({0} | set(range(1, nprocs, 2)))
+    return per_group(list(range(nprocs))) + (per_group(sub) if rank in sub else 0) + per_group([rank])
+
+
 @pytest.mark.parametrize(
     "nprocs,launcher,backends",
     [(2, "mpiexec", "['mpi', 'gloo']"), (3, "mpiexec", "['mpi', 'gloo']"), (2, "torchrun", "['gloo']")],
@@ -19,7 +38,8 @@ def test_every_op_matches_local_reference(nprocs, launcher, backends):
     out = run_script(nprocs, os.path.join(SCRIPTS, "check_ops.py"), launcher=launcher).check().output
     oks = re.findall(r"rank (\d+): OK (\d+) checks on backends (\[[^\]]*\])", out)  # ranks may share a line
     assert sorted(int(r) for r, _, _ in oks) == list(range(nprocs)), out[-3000:]
-    assert all(int(count) > 1000 and found == backends for _, count, found in oks), oks
+    for r, count, found in oks:
+        assert found == backends and int(count) == expected_checks(int(r), nprocs, len(backends.split(","))), oks
     # unsupported combinations fall back visibly, not silently
     if "mpi" in backends:
         assert (

@@ -16,7 +16,7 @@ def expect_error(pattern, call):
         call()
     except (ValueError, TypeError) as exc:
         if not re.search(pattern, str(exc)):
-            raise AssertionError(f"error {exc!r} does not match {pattern!r}")
+            raise AssertionError(f"error {exc!r} does not match {pattern!r}") from exc
         print("raised:", exc, flush=True)
         return
     raise AssertionError(f"no error for {pattern!r}")

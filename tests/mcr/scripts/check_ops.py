@@ -49,7 +49,7 @@ def run(group, ranks):
     for b, dtype, asyn in itertools.product(backends, DTYPES, (False, True)):
         tag = f"backend={b} dtype={dtype} async={asyn} group={ranks}"
 
-        def done(h):
+        def done(h, asyn=asyn, tag=tag):
             if asyn:
                 assert h is not None and h.wait() and h.is_completed(), tag
             else:
@@ -66,18 +66,17 @@ def run(group, ranks):
             done(mcr.reduce(t, root, op=op, group=group, async_op=asyn, backend=b))
             if rank == root:
                 expect(t, reference(name, dtype, ranks), f"reduce {name} {tag}")
-            # reduce_scatter: rank r contributes value(r) in every chunk
+            # reduce_scatter: chunk j of rank r holds value(r + 4j), so every chunk differs and
+            # group rank `me` must get the reduction of everyone's chunk `me`
+            chunk = [r + 4 * me for r in ranks]
             out = torch.empty(5, dtype=dtype)
-            inp = torch.cat([value(rank, dtype)] * gsize)
+            inp = torch.cat([value(rank + 4 * j, dtype) for j in range(gsize)])
             done(mcr.reduce_scatter_tensor(out, inp, op=op, group=group, async_op=asyn, backend=b))
-            expect(out, reference(name, dtype, ranks), f"reduce_scatter_tensor {name} {tag}")
+            expect(out, reference(name, dtype, chunk), f"reduce_scatter_tensor {name} {tag}")
             out = torch.empty(5, dtype=dtype)
-            done(
-                mcr.reduce_scatter(
-                    out, [value(rank, dtype) for _ in range(gsize)], op=op, group=group, async_op=asyn, backend=b
-                )
-            )
-            expect(out, reference(name, dtype, ranks), f"reduce_scatter {name} {tag}")
+            ins = [value(rank + 4 * j, dtype) for j in range(gsize)]
+            done(mcr.reduce_scatter(out, ins, op=op, group=group, async_op=asyn, backend=b))
+            expect(out, reference(name, dtype, chunk), f"reduce_scatter {name} {tag}")
 
         src = ranks[0]
         t = value(rank, dtype)
