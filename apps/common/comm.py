@@ -1,5 +1,8 @@
-"""The one place a trainer's communication is set up: `setup_comm(cfg.comm)` before the model,
-`comm_seconds()` for the step-time split, `finalize_comm()` at the end (prints the comm table).
+"""The one place a trainer's communication is set up, one call per kind of app, before the model:
+`setup_deepspeed_comm(cfg.comm)` (DeepSpeed apps) or `setup_torch_comm(cfg.comm)` (torch.distributed
+apps: DDP, TorchRec). Both start the mcr runtime, so `mcr.new_group` works after either (e.g.
+`ParallelDims.build_groups`). Then `comm_seconds()` for the step-time split, `finalize_comm()` at
+the end (prints the comm table).
 
 `comm.backend` is `auto | gloo | mpi | nccl` or a map `{op family: backend, default: backend}`;
 `comm.tuning` is a tuning-table file written by `python -m mcr.tune`, or `auto` (tuned online).
@@ -75,12 +78,11 @@ def runtime_config(comm, comm_log_json: Optional[str] = None) -> dict:
     }
 
 
-def setup_comm(comm, comm_log_json: Optional[str] = None) -> None:
-    """Start DeepSpeed's communication on the mcr runtime as `comm` asks. Call once, before the
-    model, instead of `deepspeed.init_distributed()`: afterwards every deepspeed.comm op (MoE
-    all-to-all, gating and gradient all-reduce, ZeRO's collectives) goes through the runtime's
-    per-call backend choice. (A DDP or TorchRec trainer would call
-    `mcr.hooks.torch_backend.init_process_group(runtime_config(comm))` instead.)"""
+def setup_deepspeed_comm(comm, comm_log_json: Optional[str] = None) -> None:
+    """For DeepSpeed apps: start DeepSpeed's communication on the mcr runtime as `comm` asks.
+    Call once, before the model, instead of `deepspeed.init_distributed()`: afterwards every
+    deepspeed.comm op (MoE all-to-all, gating and gradient all-reduce, ZeRO's collectives,
+    pipeline send/recv) goes through the runtime's per-call backend choice."""
     check_comm(comm)
     import torch
 
@@ -89,6 +91,16 @@ def setup_comm(comm, comm_log_json: Optional[str] = None) -> None:
     from mcr.hooks import deepspeed as deepspeed_hook
 
     deepspeed_hook.install(runtime_config(comm, comm_log_json))
+
+
+def setup_torch_comm(comm, comm_log_json: Optional[str] = None) -> None:
+    """For torch.distributed apps (DDP, TorchRec): start the runtime and torch's default process
+    group on backend "mcr" as `comm` asks, under any launcher (mpiexec included). Every
+    collective on that group, or on groups made from it, goes through the runtime's choice."""
+    check_comm(comm)
+    from mcr.hooks import torch_backend
+
+    torch_backend.init_process_group(runtime_config(comm, comm_log_json))
 
 
 def comm_seconds() -> Optional[float]:
