@@ -17,11 +17,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from mcr.config import ConfigError  # one ConfigError in the repository: the runtime's and the apps'
+
 USAGE = "usage: python -m apps.<app> [--config PRESET.yaml] [key=value ...]"
-
-
-class ConfigError(ValueError):
-    pass
 
 
 def choice(*values, default=None):

@@ -15,6 +15,7 @@ from typing import Optional
 import torch
 
 from .config import choice
+from .seed import batch_generator
 
 
 @dataclass
@@ -62,12 +63,8 @@ class TokenBatches:
             g = torch.Generator().manual_seed(seed)
             self.successors = torch.randint(0, vocab_size, (vocab_size, cfg.branching), generator=g)
 
-    def _generator(self, step: int, split: str) -> torch.Generator:
-        split_id = 0 if split == "train" else 1
-        return torch.Generator().manual_seed(((self.seed * 1_000_003 + step) * 4099 + self.rank) * 2 + split_id)
-
     def get(self, step: int, split: str = "train"):
-        g = self._generator(step, split)
+        g = batch_generator(self.seed, step, self.rank, split)
         n = self.seq_len + 1
         if self.cfg.kind == "text":
             data = self.splits[split]

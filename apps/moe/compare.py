@@ -52,7 +52,7 @@ def run_one(choice, args, overrides, repeat):
     proc = subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     if proc.returncode != 0:
         lines = proc.stdout.strip().splitlines()
-        tail = "\n".join([l for l in lines if "error" in l.lower()][:3] or lines[-5:])
+        tail = "\n".join([line for line in lines if "error" in line.lower()][:3] or lines[-5:])
         print(f"compare: {choice} failed (exit {proc.returncode}):\n{tail}", flush=True)
         return None
     with open(os.path.join(args.out, name, "summary.json")) as f:

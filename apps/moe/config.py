@@ -11,6 +11,7 @@ from apps.common.checkpoint import CheckpointConfig
 from apps.common.comm import CommConfig, check_comm
 from apps.common.config import check, choice
 from apps.common.data import DataConfig, check_data
+from apps.common.parallel_dims import ParallelDims
 from apps.moe.model import ModelConfig
 
 
@@ -49,20 +50,22 @@ class MoEConfig:
     wandb: str = choice("offline", "online", "disabled")
 
 
-def validate(cfg, world_size: int) -> None:
-    """Every check that needs no process group: run before any is created."""
+def parallel_dims(cfg, world_size: int) -> ParallelDims:
+    """Every rank data parallel; experts spread over groups of `model.ep_size` ranks (0: all)."""
+    return ParallelDims(world_size, ep=cfg.model.ep_size or world_size, keys={"ep": "model.ep_size"})
+
+
+def validate(cfg, world_size: int) -> ParallelDims:
+    """Every check that needs no process group: run before any is created. Returns the degrees."""
     m, t = cfg.model, cfg.train
-    ep = m.ep_size or world_size
+    check(m.ep_size >= 0, "model.ep_size", f"must be >= 0 (0: the world size), got {m.ep_size}")
+    dims = parallel_dims(cfg, world_size)
+    ep = dims.ep
     check(m.d_model % m.n_head == 0, "model.d_model", f"{m.d_model} is not divisible by model.n_head={m.n_head}")
     check(m.moe_every >= 0, "model.moe_every", f"must be >= 0 (0: no MoE layers), got {m.moe_every}")
     check(m.num_experts >= 1, "model.num_experts", f"must be >= 1, got {m.num_experts}")
     check(
         m.top_k <= m.num_experts, "model.top_k", f"top-{m.top_k} needs at least {m.top_k} experts, got {m.num_experts}"
-    )
-    check(
-        ep >= 1 and world_size % ep == 0,
-        "model.ep_size",
-        f"expert-parallel size {ep} must divide the world size {world_size} (data parallel across expert groups)",
     )
     check(
         m.num_experts % ep == 0,
@@ -78,3 +81,4 @@ def validate(cfg, world_size: int) -> None:
     check(cfg.checkpoint.interval >= 0, "checkpoint.interval", f"must be >= 0, got {cfg.checkpoint.interval}")
     check_data(cfg.data, m.vocab_size)
     check_comm(cfg.comm)
+    return dims

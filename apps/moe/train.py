@@ -9,19 +9,18 @@ validation and checkpoints -> communication table.
 
 from __future__ import annotations
 
-import json
 import os
-import statistics
 import sys
 import time
 
 import torch
 
 from apps.common.checkpoint import latest_tag, mark_latest, step_of, tag_for
-from apps.common.comm import comm_seconds, finalize_comm, setup_comm
-from apps.common.config import load_config, save_resolved, to_dict, write_atomic
+from apps.common.comm import comm_seconds, finalize_comm, setup_deepspeed_comm
+from apps.common.config import load_config, save_resolved, to_dict
 from apps.common.data import TokenBatches
-from apps.common.metrics import Meter, MetricsLog
+from apps.common.metrics import LM_FIELDS, Meter, MetricsLog, summary_line, write_summary
+from apps.common.seed import seed_step
 from apps.moe.config import MoEConfig, validate
 from apps.moe.model import GPTMoE, count_params, lm_loss
 from mcr.env import discover
@@ -50,23 +49,37 @@ def deepspeed_config(cfg) -> dict:
     }
 
 
+def banner(cfg, dims, engine, model, start, end, run_dir) -> str:
+    """The run's first line on rank 0: what runs where."""
+    t, m = cfg.train, cfg.model
+    total, expert = count_params(model)
+    tuning = f" tuned by {cfg.comm.tuning}" if cfg.comm.tuning else ""
+    return (
+        f"moe: {dims.world_size} ranks, {engine.__class__.__name__} ZeRO-{t.zero_stage} {t.precision}, comm "
+        f"mcr {cfg.comm.backend}{tuning}; {model.num_moe_layers()} MoE layers x {m.num_experts} experts "
+        f"(ep {dims.ep} x dp {dims.dp // dims.ep}, top-{m.top_k}); "
+        f"{total / 1e6:.2f}M params on rank 0 ({expert / 1e6:.2f}M expert); "
+        f"{'resuming at step ' + str(start) if start else 'starting'} -> {end}; run dir {run_dir}"
+    )
+
+
 def main(argv=None) -> dict:
     # 1. Config: every check that needs no process group happens here.
     cfg = load_config(MoEConfig, sys.argv[1:] if argv is None else argv)
     launch = discover()
-    validate(cfg, launch.world_size)
+    dims = validate(cfg, launch.world_size)  # data parallel over all ranks, experts spread ep-wide
     run_dir = os.path.join(cfg.out_dir, cfg.name)
     ckpt_dir = os.path.join(run_dir, "checkpoints")
     torch.set_num_threads(cfg.train.threads or max(1, (os.cpu_count() or 1) // launch.local_world_size))
 
     # 2. Communication: DeepSpeed's comm layer on the mcr runtime (mcr.hooks.deepspeed).
-    setup_comm(cfg.comm, comm_log_json=os.path.join(run_dir, "comm_log.json"))
+    setup_deepspeed_comm(cfg.comm, comm_log_json=os.path.join(run_dir, "comm_log.json"))
     import deepspeed
     import deepspeed.comm as dist
     from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    cfg.model.ep_size = cfg.model.ep_size or world  # 0: experts spread over all ranks
+    cfg.model.ep_size = dims.ep  # 0 meant all ranks; the saved config says how many
     if rank == 0:
         os.makedirs(run_dir, exist_ok=True)
         save_resolved(cfg, os.path.join(run_dir, "config.yaml"))
@@ -75,7 +88,6 @@ def main(argv=None) -> dict:
     #    num_experts / ep_size local experts each.
     torch.manual_seed(cfg.train.seed)
     model = GPTMoE(cfg.model)
-    total_params, expert_params = count_params(model)
 
     # 4. DeepSpeed engine: expert parameters get their own optimizer groups (reduced over the
     #    expert-data-parallel group only), as ZeRO with MoE requires.
@@ -97,7 +109,8 @@ def main(argv=None) -> dict:
     t = cfg.train
     data = TokenBatches(cfg.data, cfg.model.vocab_size, cfg.model.seq_len, t.micro_batch, t.seed, rank)
     samples_per_step = t.micro_batch * t.grad_accum * world
-    meter = Meter(tokens_per_step=samples_per_step * cfg.model.seq_len, samples_per_step=samples_per_step)
+    warmup = max(1, (end - start) // 10)  # the first steps warm up; the summary skips them
+    meter = Meter(warmup, tokens=samples_per_step * cfg.model.seq_len, samples=samples_per_step)
     log = MetricsLog(
         run_dir,
         rank,
@@ -108,14 +121,9 @@ def main(argv=None) -> dict:
         resume=start > 0,
         progress=cfg.progress,
         start_step=start,
+        fields=LM_FIELDS,
     )
-    log.print(
-        f"moe: {world} ranks, {engine.__class__.__name__} ZeRO-{t.zero_stage} {t.precision}, comm "
-        f"mcr {cfg.comm.backend}{' tuned by ' + cfg.comm.tuning if cfg.comm.tuning else ''}; "
-        f"{model.num_moe_layers()} MoE layers x {cfg.model.num_experts} experts (ep {cfg.model.ep_size} x dp {world // cfg.model.ep_size}, top-{cfg.model.top_k}); "
-        f"{total_params / 1e6:.2f}M params on rank 0 ({expert_params / 1e6:.2f}M expert); "
-        f"{'resuming at step ' + str(start) if start else 'starting'} -> {end}; run dir {run_dir}"
-    )
+    log.print(banner(cfg, dims, engine, model, start, end, run_dir))
 
     def all_ranks_mean(values):
         buf = torch.tensor(values, dtype=torch.float64)
@@ -140,13 +148,11 @@ def main(argv=None) -> dict:
     # 7. Training loop.
     lm_sum = aux_sum = 0.0
     seen = 0
-    step_times, step_comm = [], []
-    first_timed = start + max(1, (end - start) // 10)  # the first steps warm up; the summary skips them
     started = time.perf_counter()
     for step in range(start + 1, end + 1):
         # Reseed per step: random token selection and dropout draw the same numbers whether the
         # run was interrupted or not, so a resumed run follows the same loss curve.
-        torch.manual_seed(t.seed * 1_000_003 + step * 4099 + rank)
+        seed_step(t.seed, step, rank)
         comm0, t0 = comm_seconds(), time.perf_counter()
         for micro in range(t.grad_accum):
             x, y = data.get((step - 1) * t.grad_accum + micro)
@@ -159,9 +165,6 @@ def main(argv=None) -> dict:
         seconds = time.perf_counter() - t0
         comm = None if comm0 is None else comm_seconds() - comm0
         meter.step(seconds, comm)
-        if step >= first_timed:
-            step_times.append(seconds)
-            step_comm.append(comm)
         seen += 1
         log.advance()
 
@@ -179,29 +182,15 @@ def main(argv=None) -> dict:
             save_checkpoint(step)
 
     # 8. Summary, the communication table, shutdown.
-    # Medians resist the noise of a shared machine; the fastest decile shows the least-disturbed steps.
-    median = statistics.median(step_times) if step_times else float("nan")
-    fast = sorted(step_times)[len(step_times) // 10] if step_times else float("nan")
-    comms = [c for c in step_comm if c is not None]
-    summary = {
-        "steps": end - start,
-        "world_size": world,
-        "comm_backend": to_dict(cfg.comm)["backend"],
-        "wall_s": time.perf_counter() - started,
-        "median_step_ms": median * 1e3,
-        "p10_step_ms": fast * 1e3,
-        "tokens_per_s": meter.tokens_per_step / median,
-        "samples_per_s": meter.samples_per_step / median,
-        "p10_tokens_per_s": meter.tokens_per_step / fast,
-        "comm_ms": statistics.median(comms) * 1e3 if comms else None,
-    }
-    log.print(
-        f"done: {summary['steps']} steps in {summary['wall_s']:.1f} s; median step {summary['median_step_ms']:.1f} ms, "
-        f"{summary['tokens_per_s']:,.0f} tok/s, {summary['samples_per_s']:,.1f} samples/s"
-        + (f", comm {summary['comm_ms']:.1f} ms/step" if summary["comm_ms"] is not None else "")
+    summary = meter.summary(
+        steps=end - start,
+        world_size=world,
+        comm_backend=to_dict(cfg.comm)["backend"],
+        wall_s=time.perf_counter() - started,
     )
+    log.print(summary_line(summary))
     if rank == 0:
-        write_atomic(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1))
+        write_summary(run_dir, summary)
     log.close()
     dist.barrier()
     finalize_comm()

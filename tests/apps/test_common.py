@@ -1,16 +1,36 @@
-"""apps/common: config loading and its errors, data, checkpoints bookkeeping, metrics (in-process)."""
+"""apps/common: config loading and its errors, data and seeds, checkpoints bookkeeping, metrics
+and the run summary (in-process); parallel degrees and their groups (layout in-process, groups
+on real ranks)."""
 
+import json
 import os
+import re
 from dataclasses import dataclass, field
 
 import pytest
 import torch
 
+import mcr
 from apps.common.checkpoint import latest_tag, mark_latest, step_of, tag_for
-from apps.common.comm import CommConfig, check_comm, runtime_config
+from apps.common.comm import CommConfig, check_comm, runtime_config, setup_torch_comm
 from apps.common.config import ConfigError, choice, load_config, save_resolved
 from apps.common.data import ByteTokenizer, DataConfig, TokenBatches
-from apps.common.metrics import Meter, MetricsLog, format_line, read_jsonl
+from apps.common.metrics import (
+    LM_FIELDS,
+    STEP_TIME,
+    Meter,
+    MetricsLog,
+    format_line,
+    read_jsonl,
+    summarize,
+    summary_line,
+    write_summary,
+)
+from apps.common.parallel_dims import ParallelDims
+from apps.common.seed import batch_generator, step_seed
+from tests.ranks import run_script
+
+HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 @dataclass
@@ -140,7 +160,7 @@ def test_latest_naming_a_missing_tag_means_no_checkpoint(tmp_path):
 
 
 def test_meter_splits_step_time_into_compute_and_comm():
-    meter = Meter(tokens_per_step=1000, samples_per_step=10)
+    meter = Meter(tokens=1000, samples=10)
     meter.step(0.1, 0.02)
     meter.step(0.3, 0.06)
     m = meter.interval()
@@ -161,3 +181,138 @@ def test_metrics_line_and_jsonl(tmp_path, capsys):
     silent.write(1, loss=1.0)
     assert not (tmp_path / "other").exists() and capsys.readouterr().out == ""
     assert format_line(1, 2, {}) == "step 1/2"
+
+
+def test_one_config_error_class_in_the_repository():
+    assert ConfigError is mcr.ConfigError
+    with pytest.raises(mcr.ConfigError):  # an app's config error is the runtime's
+        load_config(Schema, ["inner.size=big"])
+
+
+def test_bad_comm_config_fails_before_torch_starts_a_process_group():
+    with pytest.raises(ConfigError, match=r"'comm\.backend'; choose one of"):
+        setup_torch_comm(CommConfig(backend="mpich"))
+    assert not torch.distributed.is_initialized() and not mcr.is_initialized()
+
+
+# --- seeds -------------------------------------------------------------------------------------
+def test_seeds_are_the_values_the_moe_losses_were_recorded_with():
+    # Changing either formula changes every trainer's losses for the same train.seed.
+    assert step_seed(1234, 7, 1) == 1234 * 1_000_003 + 7 * 4099 + 1
+    g = batch_generator(1234, 7, 1, "val")
+    expected = torch.Generator().manual_seed(((1234 * 1_000_003 + 7) * 4099 + 1) * 2 + 1)
+    assert torch.equal(torch.rand(4, generator=g), torch.rand(4, generator=expected))
+    draws = {
+        tuple(torch.rand(3, generator=batch_generator(1, step, rank, split)).tolist())
+        for step in (1, 2)
+        for rank in (0, 1)
+        for split in ("train", "val")
+    }
+    assert len(draws) == 8  # every (step, rank, split) draws its own numbers
+
+
+# --- metrics lines and the summary -------------------------------------------------------------
+def test_each_app_declares_its_line_fields():
+    dlrm_fields = (("loss", "loss {:.4f}"), ("auc", "auc {:.4f}"), ("samples_per_s", "{:,.0f} samples/s"), STEP_TIME)
+    values = {"loss": 0.5, "auc": 0.75, "samples_per_s": 12345.6, "step_ms": 8.0, "tokens_per_s": 1.0}
+    assert (
+        format_line(3, 9, values, dlrm_fields) == "step 3/9 | loss 0.5000 | auc 0.7500 | 12,346 samples/s | step 8.0 ms"
+    )
+    lm = format_line(3, 9, {**values, "lr": 1e-3}, LM_FIELDS)
+    assert lm == "step 3/9 | loss 0.5000 | 1 tok/s | 12,345.6 samples/s | step 8.0 ms | lr 1.00e-03"  # no auc
+
+
+def test_summary_in_the_apps_unit_skips_warmup_and_splits_comm(tmp_path):
+    meter = Meter(warmup=2, samples=100)
+    for seconds, comm in [(9.0, 1.0), (9.0, 1.0)] + [(0.1 * i, 0.01 * i) for i in range(1, 11)]:
+        meter.step(seconds, comm)
+    s = meter.summary(steps=12, wall_s=20.0, world_size=2, comm_backend="gloo")
+    # timed steps 0.1 .. 1.0 s: median 0.55 s, fastest decile (index 1) 0.2 s, comm median 55 ms
+    assert s["median_step_ms"] == pytest.approx(550) and s["p10_step_ms"] == pytest.approx(200)
+    assert (s["comm_ms"], s["compute_ms"]) == pytest.approx((55, 495))
+    assert s["throughput"] == "samples_per_s" and "tokens_per_s" not in s
+    assert (s["samples_per_s"], s["p10_samples_per_s"]) == pytest.approx((100 / 0.55, 100 / 0.2))
+    assert (s["world_size"], s["comm_backend"], s["steps"]) == (2, "gloo", 12)
+    assert summary_line(s) == "done: 12 steps in 20.0 s; median step 550.0 ms, 181.8 samples/s, comm 55.0 ms/step"
+    write_summary(str(tmp_path), s)
+    assert json.loads((tmp_path / "summary.json").read_text()) == s
+
+
+def test_summary_without_comm_timings_claims_no_split():
+    s = summarize([0.2, 0.4], [None, None], {"tokens": 10, "samples": 1}, steps=2, wall_s=1.0)
+    assert s["comm_ms"] is None and s["compute_ms"] is None and s["throughput"] == "tokens_per_s"
+    assert summary_line(s).endswith("median step 300.0 ms, 33 tok/s, 3.3 samples/s")
+
+
+# --- parallel degrees --------------------------------------------------------------------------
+def test_dp_fills_the_rest_and_enabled_flags_follow_the_degrees():
+    dims = ParallelDims(16, tp=2, pp=2, ep=2)
+    assert (dims.dp, dims.tp, dims.pp, dims.ep) == (4, 2, 2, 2)
+    assert (dims.dp_enabled, dims.tp_enabled, dims.pp_enabled, dims.ep_enabled) == (True, True, True, True)
+    one = ParallelDims(1)
+    assert (one.dp, one.dp_enabled, one.tp_enabled, one.pp_enabled, one.ep_enabled) == (1, False, False, False, False)
+    assert ParallelDims(8, dp=4, tp=2).dp == 4
+
+
+@pytest.mark.parametrize(
+    "world, degrees, problem",
+    [
+        (6, {"tp": 4}, r"tp x pp = 4 does not divide the world size 6; choose tp \('parallel\.tensor'\) and pp"),
+        (8, {"dp": 3, "tp": 2}, r"dp x tp x pp = 6 is not the world size 8; set dp to 0"),
+        (8, {"tp": 2, "ep": 3}, r"ep = 3 must divide dp = 4.*; set ep to a divisor of 4"),
+        (4, {"tp": 0}, r"tp \('parallel\.tensor'\) must be >= 1"),
+    ],
+)
+def test_bad_degrees_name_every_degree_the_world_size_and_the_fix(world, degrees, problem):
+    with pytest.raises(ConfigError) as exc:
+        ParallelDims(world, keys={"tp": "parallel.tensor", "pp": "parallel.pipeline"}, **degrees)
+    message = str(exc.value)
+    every = {"dp": 0, "tp": 1, "pp": 1, "ep": 1, **degrees}
+    assert message.startswith(
+        f"bad parallel degrees dp={every['dp']}{' (fills the rest)' if not every['dp'] else ''}, "
+        f"tp ('parallel.tensor')={every['tp']}, pp ('parallel.pipeline')={every['pp']}, ep={every['ep']} "
+        f"for world size {world}: "
+    ), message
+    assert re.search(problem, message), message
+
+
+@pytest.mark.parametrize("pp, dp, tp", [(1, 4, 1), (2, 2, 2), (2, 1, 4), (4, 2, 1), (3, 2, 2)])
+def test_rank_layout_is_deepspeeds_pipe_model_data_topology(pp, dp, tp):
+    from deepspeed.runtime.pipe.topology import PipeModelDataParallelTopology
+
+    topo = PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)
+    dims = ParallelDims(pp * dp * tp, tp=tp, pp=pp)
+    for rank in range(dims.world_size):
+        c = topo.get_coord(rank)
+        assert dims.coords(rank)[:3] == (c.pipe, c.data, c.model)
+        assert dims.rank_of(c.pipe, c.data, c.model) == rank
+    # DeepSpeed's own pipeline and data-parallel groups (PipelineParallelGrid) hold the same ranks
+    assert dims.group_ranks("pp") == topo.get_axis_comm_lists("pipe")
+    assert dims.group_ranks("dp") == topo.get_axis_comm_lists("data")
+    assert dims.group_ranks("tp") == topo.get_axis_comm_lists("model")
+
+
+@pytest.mark.parametrize("world, tp, pp, ep", [(16, 2, 1, 4), (8, 1, 1, 2), (16, 2, 2, 2), (4, 1, 1, 4)])
+def test_expert_groups_are_deepspeeds(world, tp, pp, ep):
+    from deepspeed.utils.groups import _get_expert_parallel_ranks
+
+    ep_groups, ep_dp_groups = _get_expert_parallel_ranks(world, tp, ep, pp)
+    dims = ParallelDims(world, tp=tp, pp=pp, ep=ep)
+    assert sorted(dims.group_ranks("ep")) == sorted(ep_groups)
+    assert sorted(dims.group_ranks("ep_dp")) == sorted(ep_dp_groups)
+    for rank in range(world):  # the coordinate is the place in the expert group
+        assert next(g for g in dims.group_ranks("ep") if rank in g).index(rank) == dims.coords(rank).ep
+
+
+@pytest.mark.parametrize(
+    "kind, nprocs, tp, pp, ep",
+    [("torch", 4, 2, 1, 2), ("deepspeed", 2, 1, 2, 1)],
+    ids=["torch-tp2-dp2-ep2", "deepspeed-pp2"],
+)
+def test_groups_built_on_real_ranks_hold_the_layouts_ranks(kind, nprocs, tp, pp, ep):
+    script = os.path.join(HERE, "parallel_groups_script.py")
+    result = run_script(nprocs, script, kind, tp, pp, ep, timeout=300).check()
+    # every rank checked each of its groups on every started backend (mpi and gloo)
+    dims = 5 if ep > 1 else 3
+    for rank in range(nprocs):
+        assert f"OK rank {rank} " in result.output and f"checked {dims * 2}" in result.output, result.output
