@@ -20,26 +20,67 @@ def test_uneven_all_to_all_choice_is_identical_on_all_ranks(tmp_path, nprocs, la
     assert out.count("choice OK") == nprocs, out[-3000:]
 
 
-def test_override_precedence_and_comm_log_json(tmp_path):
+FAMILIES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast")
+
+
+def all_reduce_on_mpi_table(path, world_size):
+    from mcr.tuning.table import Entry, TuningTable
+
+    entry = Entry(op="all_reduce", group_size=world_size, min_bytes=0, max_bytes=None, backend="mpi")
+    TuningTable(fingerprint={"world_size": world_size}, entries=[entry]).save(str(path))
+    return str(path)
+
+
+def backends_by_op(log_path):
+    by_op = {}
+    for row in json.loads(log_path.read_text()):
+        by_op.setdefault(row["op"], set()).add(row["backend"])
+    return by_op
+
+
+# Each rung of the choice, with calls that name no backend (except the first rung's all_reduce):
+# (what the user sets, argv, the backend every op family must have used).
+RUNGS = {
+    "backend= over a per-op override": (
+        {"MCR_BACKEND": "gloo", "MCR_BACKEND_ALL_REDUCE": "gloo"},
+        ["explicit"],
+        {"all_reduce": "mpi"},
+    ),
+    "per-op override over the table": (
+        {"MCR_BACKEND": "gloo", "MCR_BACKEND_ALL_REDUCE": "gloo", "MCR_TUNING_FILE": "TABLE"},
+        [],
+        {"all_reduce": "gloo"},
+    ),
+    "table over the default": ({"MCR_BACKEND": "gloo", "MCR_TUNING_FILE": "TABLE"}, [], {"all_reduce": "mpi"}),
+    "default over the built-in order": ({"MCR_BACKEND": "gloo"}, [], {"all_reduce": "gloo"}),
+    "built-in order": ({}, [], {family: "mpi" for family in FAMILIES}),
+}
+
+
+@pytest.mark.parametrize("rung", list(RUNGS))
+def test_each_rung_of_the_choice_decides_exactly_the_ops_it_covers(tmp_path, rung):
+    env, argv, special = RUNGS[rung]
+    env = {key: all_reduce_on_mpi_table(tmp_path / "t.yaml", 2) if v == "TABLE" else v for key, v in env.items()}
     log_path = tmp_path / "comm.json"
-    env = {
-        "MCR_BACKEND": "gloo",
-        "MCR_BACKEND_ALL_REDUCE": "mpi",
-        "MCR_COMM_LOG": "1",
-        "MCR_COMM_LOG_JSON": str(log_path),
-    }
-    out = run_script(2, os.path.join(SCRIPTS, "stress.py"), 60, 7, env=env).check().output
+    env["MCR_COMM_LOG_JSON"] = str(log_path)
+    out = run_script(2, os.path.join(SCRIPTS, "precedence.py"), *argv, env=env).check().output
+    assert out.count("precedence ran") == 2, out[-3000:]
+    default = env.get("MCR_BACKEND", "mpi")
+    want = {family: {special.get(family, default)} for family in FAMILIES}
+    got = {family: backends for family, backends in backends_by_op(log_path).items() if family in FAMILIES}
+    assert got == want, (rung, got)
+
+
+def test_comm_log_json_and_bus_bandwidth_factors_at_3_ranks(tmp_path):
+    # at 2 ranks the all-reduce factor 2(n-1)/n equals 1; at 3 every factor differs from 1
+    log_path = tmp_path / "comm.json"
+    env = {"MCR_COMM_LOG_JSON": str(log_path)}
+    out = run_script(3, os.path.join(SCRIPTS, "precedence.py"), env=env).check().output
     assert "mcr communication log (rank 0)" in out and "busbw GB/s" in out
     rows = json.loads(log_path.read_text())
-    by_op = {}
+    factors = {"all_reduce": 4 / 3, "all_gather": 2 / 3, "reduce_scatter": 2 / 3, "all_to_all": 2 / 3, "broadcast": 1}
+    assert {row["op"] for row in rows} >= set(factors), rows
     for row in rows:
-        by_op.setdefault(row["op"], set()).add(row["backend"])
-    explicit = {"all_reduce"}  # the stress test also passes backend= explicitly to random ops
-    assert "mpi" in by_op["all_reduce"], by_op
-    for row in rows:
-        assert row["count"] > 0 and row["mean_us"] > 0
-        factor = {"all_reduce": 2 * (2 - 1) / 2, "all_gather": 0.5, "reduce_scatter": 0.5, "all_to_all": 0.5}.get(
-            row["op"], 1.0
-        )
-        assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * factor)
-    assert explicit <= set(by_op)
+        if row["op"] in factors:
+            assert row["count"] == 1 and row["mean_us"] > 0, row
+            assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * factors[row["op"]]), row
