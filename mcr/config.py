@@ -40,6 +40,36 @@ def _check_backend(name: str, where: str) -> str:
     return name
 
 
+def _text(var, value):
+    return value
+
+
+def _flag(var, value):
+    word = value.strip().lower()
+    if word not in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+        raise ConfigError(f"bad value {value!r} for {var}: use 1 or 0 (also true/false, yes/no, on/off)")
+    return word in ("1", "true", "yes", "on")
+
+
+def _seconds(var, value):
+    try:
+        return float(value)
+    except ValueError:
+        raise ConfigError(f"bad value {value!r} for {var}: give a number of seconds, e.g. {var}=600") from None
+
+
+# environment variable -> (config field, parser whose errors name the variable)
+ENV_VARS = {
+    "MCR_BACKEND": ("backend", _text),
+    "MCR_TUNING_FILE": ("tuning", _text),
+    "MCR_TUNING_PREDICT": ("tuning_predict", _flag),
+    "MCR_TUNING_SAVE": ("tuning_save", _text),
+    "MCR_COMM_LOG": ("comm_log", _flag),
+    "MCR_COMM_LOG_JSON": ("comm_log_json", _text),
+    "MCR_WATCHDOG_TIMEOUT": ("watchdog_timeout_s", _seconds),
+}
+
+
 def load(config=None, env=None, **kwargs) -> RuntimeConfig:
     """Build the runtime config. `config` may be a RuntimeConfig, a dict or an omegaconf node."""
     env = os.environ if env is None else env
@@ -48,20 +78,9 @@ def load(config=None, env=None, **kwargs) -> RuntimeConfig:
     if config is not None:
         layers.append(OmegaConf.create(config) if isinstance(config, dict) else OmegaConf.structured(config))
     from_env = {}
-    if env.get("MCR_BACKEND"):
-        from_env["backend"] = env["MCR_BACKEND"]
-    if env.get("MCR_TUNING_FILE"):
-        from_env["tuning"] = env["MCR_TUNING_FILE"]
-    if env.get("MCR_TUNING_PREDICT"):
-        from_env["tuning_predict"] = env["MCR_TUNING_PREDICT"] not in ("0", "false", "False", "")
-    if env.get("MCR_TUNING_SAVE"):
-        from_env["tuning_save"] = env["MCR_TUNING_SAVE"]
-    if env.get("MCR_COMM_LOG"):
-        from_env["comm_log"] = env["MCR_COMM_LOG"] not in ("0", "false", "False", "")
-    if env.get("MCR_COMM_LOG_JSON"):
-        from_env["comm_log_json"] = env["MCR_COMM_LOG_JSON"]
-    if env.get("MCR_WATCHDOG_TIMEOUT"):
-        from_env["watchdog_timeout_s"] = float(env["MCR_WATCHDOG_TIMEOUT"])
+    for var, (key, parse) in ENV_VARS.items():
+        if env.get(var):
+            from_env[key] = parse(var, env[var])
     env_overrides = {
         key[len("MCR_BACKEND_") :].lower(): value for key, value in env.items() if key.startswith("MCR_BACKEND_")
     }

@@ -27,3 +27,35 @@ def test_unknown_op_override_names_the_ops():
 def test_unknown_config_key_is_an_error():
     with pytest.raises(ConfigError, match="comm_logg"):
         load({"comm_logg": True}, env={})
+
+
+@pytest.mark.parametrize(
+    "var,value,message",
+    [
+        ("MCR_WATCHDOG_TIMEOUT", "abc", r"bad value 'abc' for MCR_WATCHDOG_TIMEOUT: give a number of seconds"),
+        ("MCR_COMM_LOG", "maybe", r"bad value 'maybe' for MCR_COMM_LOG: use 1 or 0"),
+        ("MCR_TUNING_PREDICT", "2", r"bad value '2' for MCR_TUNING_PREDICT: use 1 or 0"),
+    ],
+)
+def test_a_bad_environment_value_names_the_variable(var, value, message):
+    with pytest.raises(ConfigError, match=message):
+        load(env={var: value})
+
+
+def test_environment_flags_and_numbers_are_parsed():
+    cfg = load(env={"MCR_COMM_LOG": "off", "MCR_TUNING_PREDICT": "yes", "MCR_WATCHDOG_TIMEOUT": "2.5"})
+    assert (cfg.comm_log, cfg.tuning_predict, cfg.watchdog_timeout_s) == (False, True, 2.5)
+
+
+@pytest.mark.parametrize(
+    "config,message",
+    [
+        ({"watchdog_timeout_s": "soon"}, r"watchdog_timeout_s"),
+        ({"comm_log": "sometimes"}, r"comm_log"),
+        ({"backends": "mpi,ucx"}, r"unknown backend 'ucx' in backends; choose one of mpi, gloo, nccl"),
+        ({"overrides": {"all_reduce": "shm"}}, r"unknown backend 'shm' in the override for all_reduce"),
+    ],
+)
+def test_a_bad_config_value_names_the_key(config, message):
+    with pytest.raises(ConfigError, match=message):
+        load(config, env={})
