@@ -16,11 +16,19 @@ from ..handle import from_torch_work
 from ..ops import REDUCE_OPS
 from .base import Backend, BackendUnavailable
 
+# The flat all-gather and reduce-scatter on torch's C++ backend objects (what _make_pg builds):
+# the public names where this torch offers them there, else the private ones torch 2.13 still
+# has (its public all_gather_single/reduce_scatter_single live on ProcessGroup only). Resolved
+# once, as Megatron's mappings do.
+_CppBackend = torch._C._distributed_c10d.Backend
+_all_gather_single = getattr(_CppBackend, "all_gather_single", None) or _CppBackend._allgather_base
+_reduce_scatter_single = getattr(_CppBackend, "reduce_scatter_single", None) or _CppBackend._reduce_scatter_base
+
 
 class TorchDistBackend(Backend):
     def __init__(self, store, rank: int, world_size: int, timeout_s: float):
+        # rank and world size: each group's come with new_group()
         self._store = store
-        self._rank = rank
         self._timeout = timedelta(seconds=timeout_s)
         # Options objects are built once: allocating them per call costs microseconds.
         self._allreduce_opts = {}
@@ -75,7 +83,7 @@ class TorchDistBackend(Backend):
         return self._finish(g.allgather([output_list], [tensor]), async_op)
 
     def all_gather_into_tensor(self, g, output, tensor, async_op):
-        return self._finish(g._allgather_base(output, tensor), async_op)
+        return self._finish(_all_gather_single(g, output, tensor), async_op)
 
     def gather(self, g, tensor, gather_list, dst, async_op):
         opts = dist.GatherOptions()
@@ -96,7 +104,7 @@ class TorchDistBackend(Backend):
         return self._finish(g.reduce_scatter([output], [input_list], self._rs_opts(op)), async_op)
 
     def reduce_scatter_tensor(self, g, output, input, op, async_op):
-        return self._finish(g._reduce_scatter_base(output, input, self._rs_opts(op)), async_op)
+        return self._finish(_reduce_scatter_single(g, output, input, self._rs_opts(op)), async_op)
 
     def all_to_all(self, g, output_list, input_list, async_op):
         return self._finish(g.alltoall(output_list, input_list, self._all_to_all_opts), async_op)

@@ -27,9 +27,9 @@ from . import torch_backend
 
 def _library_call(rt, name, x):
     if name == "mpi":
-        MPI = rt.backends["mpi"].MPI
+        mpi = rt.backends["mpi"].MPI
         comm, arr = rt.world.comms["mpi"], x.numpy()
-        return lambda: comm.Allreduce(MPI.IN_PLACE, arr, MPI.SUM)
+        return lambda: comm.Allreduce(mpi.IN_PLACE, arr, mpi.SUM)
     pg, opts = rt.world.comms[name], dist.AllreduceOptions()
     return lambda: pg.allreduce([x], opts).wait()
 
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     best = None
     for _ in range(args.repeat):  # the machine is shared: keep each row's best run
         rows = measure(args.iters)
-        best = rows if best is None else [(l, min(s, b)) for (l, s), (_, b) in zip(rows, best)]
+        best = rows if best is None else [(label, min(s, b)) for (label, s), (_, b) in zip(rows, best)]
     if dist.get_rank() == 0:
         print(format_rows(best), flush=True)
     dist.destroy_process_group()

@@ -11,51 +11,60 @@ Call it INSTEAD of `deepspeed.init_distributed()` (or right after it), and BEFOR
 3. sets `deepspeed.comm.comm.cdb` (the object every `deepspeed.comm` op calls; the
    `deepspeed.comm.cdb` name is a stale copy, set too) to `RuntimeCommBackend`, DeepSpeed's own
    torch backend with its groups made on "mcr" and its shared-memory all-reduce sent to the
-   runtime instead. It is not built, so install() costs no 35-100 s JIT compile.
+   runtime instead. It is DeepSpeed's constructor with two steps kept out: the shared-memory op
+   is not built (install() costs no 35-100 s JIT compile) and no process group is started.
 
 Afterwards every deepspeed.comm op (MoE all-to-all, gating all-reduce, ZeRO reduce-scatter and
 all-gather, gradient all-reduce, pipeline send/recv) reaches the runtime's per-call choice.
 `deepspeed.initialize()` then sees an initialized backend and keeps it. Idempotent.
+
+It was tested with the DeepSpeed versions in `mcr.hooks.versions.TESTED` and warns outside them;
+a DeepSpeed whose TorchBackend no longer fits (an op without a `group` argument, no
+`build_shm_op`) makes install() fail with a message naming what changed.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import inspect
 import os
 
 import torch.distributed as dist
 
 from .. import api
-from . import torch_backend
+from . import torch_backend, versions
 
-# TorchBackend ops and where their `group` sits among the positional arguments (DeepSpeed 0.19;
-# comm.py passes it positionally to all_reduce*). When torch's default group runs another
-# backend, group None (DeepSpeed's "the world") is redirected to the "mcr" world group.
+# TorchBackend ops that take a `group`: when torch's default group runs another backend, their
+# group None (DeepSpeed's "the world") is redirected to the "mcr" world group. Where `group` sits
+# among each op's arguments is read from DeepSpeed's signatures when the class is built, so a
+# reordered signature is followed and one without `group` fails install() (see _group_positions).
 # Rank and size queries need no redirect: both world groups hold the same ranks.
-_GROUP_ARG = {
-    "all_reduce": 2,
-    "inference_all_reduce": 2,
-    "all_reduce_coalesced": 2,
-    "reduce": 3,
-    "reduce_scatter": 3,
-    "broadcast": 2,
-    "broadcast_object_list": 2,
-    "all_gather": 2,
-    "all_gather_into_tensor": 2,
-    "all_gather_base": 2,
-    "all_gather_coalesced": 2,
-    "all_gather_object": 2,
-    "reduce_scatter_tensor": 3,
-    "all_to_all_single": 4,
-    "all_to_all": 2,
-    "send": 2,
-    "recv": 2,
-    "isend": 2,
-    "irecv": 2,
-    "gather": 3,
-    "scatter": 3,
-    "barrier": 0,
-    "monitored_barrier": 0,
-}
+_GROUP_OPS = (
+    "all_reduce",
+    "inference_all_reduce",
+    "all_reduce_coalesced",
+    "reduce",
+    "reduce_scatter",
+    "broadcast",
+    "broadcast_object_list",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_base",
+    "all_gather_coalesced",
+    "all_gather_object",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+    "all_to_all",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "gather",
+    "scatter",
+    "barrier",
+    "monitored_barrier",
+)
 
 
 def install(config=None):
@@ -63,6 +72,7 @@ def install(config=None):
     import deepspeed.comm as ds_comm_pkg
     import deepspeed.comm.comm as ds_comm
 
+    versions.warn_if_untested("deepspeed", _deepspeed_version())
     backend_class = _backend_class()
     if isinstance(ds_comm.cdb, backend_class):
         if config is not None:
@@ -105,33 +115,28 @@ def _export_launch_env(rt):
 
 
 def _make_backend_class():
-    from deepspeed.comm.backend import Backend
-    from deepspeed.comm.torch import TorchBackend, has_all_reduce_coalesced, has_coalescing_manager
+    from deepspeed.comm.torch import TorchBackend
+
+    ds_torch = importlib.import_module("deepspeed.comm.torch")  # the attribute of that name is torch itself
 
     class RuntimeCommBackend(TorchBackend):
         """DeepSpeed's torch backend on "mcr" groups, without its shared-memory op."""
 
         def __init__(self, world_group=None):
-            Backend.__init__(self, name="mcr", rank=dist.get_rank(), size=dist.get_world_size())
-            # What TorchBackend.__init__ sets, minus build_shm_op() and init_process_group().
-            self.shm_comm_op = None
-            self.shm_vector_kernel_level = 0
-            self.has_all_reduce_coalesced = has_all_reduce_coalesced()
-            self.has_coalescing_manager = has_coalescing_manager()
-            self.all_gather_function = self.get_all_gather_function()
-            self.reduce_scatter_function = self.get_reduce_scatter_function()
-            self.has_allgather_base = True
-            self.single_gpu_mode = True
-            self.using_mpi = False  # DeepSpeed's timed_op would add a barrier per op on "mpi"
-            self.initialized = True
+            with _without_shm_op(ds_torch):
+                super().__init__(backend=torch_backend.BACKEND_NAME, timeout=None, init_method=None, name="mcr")
+            self.world_rank, self.world_size = dist.get_rank(), dist.get_world_size()
+            self.has_allgather_base = True  # read by all_gather_base; TorchBackend.__init__ never sets it
             self.world_pg = world_group  # None: torch's default group is already "mcr"
             self.world_group = world_group or dist.group.WORLD
             if world_group is not None:
-                for name, index in _GROUP_ARG.items():
+                for name, index in _GROUP_POSITIONS.items():
                     setattr(self, name, _on_world(getattr(self, name), index, world_group))
 
         def init_process_group(self, *args, **kwargs):
-            pass  # install() did
+            # install() started torch.distributed. Not "mpi": DeepSpeed's timed_op would add a
+            # barrier per op there.
+            self.using_mpi = False
 
         def inference_all_reduce(self, tensor, op, group=None):
             self.all_reduce(tensor, op=op, group=group)
@@ -152,7 +157,77 @@ def _make_backend_class():
         def get_backend(self, group=None):
             return torch_backend.BACKEND_NAME
 
+    _GROUP_POSITIONS.update(_group_positions(RuntimeCommBackend))
     return RuntimeCommBackend
+
+
+_GROUP_POSITIONS = {}  # op name -> index of `group` among its arguments after self
+
+
+@contextlib.contextmanager
+def _without_shm_op(ds_torch):
+    """TorchBackend.__init__ builds DeepSpeed's shared-memory all-reduce (a 35-100 s JIT compile
+    on CPU) that only inference_all_reduce would use; the runtime does that reduction instead."""
+    if not callable(getattr(ds_torch, "build_shm_op", None)):
+        raise RuntimeError(
+            f"mcr.hooks.deepspeed: deepspeed {_deepspeed_version()} has no deepspeed.comm.torch.build_shm_op, "
+            f"which install() keeps from running; {_TESTED_HINT}"
+        )
+    build = ds_torch.build_shm_op
+    ds_torch.build_shm_op = lambda: None
+    try:
+        yield
+    finally:
+        ds_torch.build_shm_op = build
+
+
+def _group_positions(backend_class):
+    """{op: index of `group` after self}, read from each op's signature; a clear error if one has none."""
+    positions = {}
+    for name in _GROUP_OPS:
+        method = getattr(backend_class, name, None)
+        if method is None:
+            raise RuntimeError(
+                f"mcr.hooks.deepspeed: deepspeed {_deepspeed_version()}'s TorchBackend has no {name}(); {_TESTED_HINT}"
+            )
+        signature = inspect.signature(_undecorated(method, name))
+        parameters = list(signature.parameters.values())
+        names = [p.name for p in parameters]
+        if names[:1] != ["self"] or "group" not in names or parameters[names.index("group")].kind not in _POSITIONAL:
+            raise RuntimeError(
+                f"mcr.hooks.deepspeed: deepspeed {_deepspeed_version()}'s TorchBackend.{name}{signature} has no "
+                f"positional `group` argument to redirect to the mcr world group; {_TESTED_HINT}"
+            )
+        positions[name] = names.index("group") - 1
+    return positions
+
+
+_POSITIONAL = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY)
+_TESTED_HINT = (
+    "the hook was tested with deepspeed>={0},<{1}: install one (pip install 'deepspeed>={0},<{1}') "
+    "or update mcr/hooks/deepspeed.py".format(*versions.TESTED["deepspeed"])
+)
+
+
+def _undecorated(function, name):
+    """The function `name` under its decorators, for its signature: functools.wraps leaves
+    __wrapped__; DeepSpeed's stage_on_cpu does not, but keeps the function in its closure."""
+    function = inspect.unwrap(function)
+    for _ in range(4):  # decorators stacked a few deep at most
+        if function.__name__ == name:
+            return function
+        inner = [cell.cell_contents for cell in function.__closure__ or () if inspect.isfunction(cell.cell_contents)]
+        named = [f for f in inner if f.__name__ == name]
+        if len(named) != 1:
+            return function  # its signature then shows no `group`, and install() says so
+        function = inspect.unwrap(named[0])
+    return function
+
+
+def _deepspeed_version():
+    import deepspeed
+
+    return deepspeed.__version__
 
 
 def _on_world(method, index, world):

@@ -22,6 +22,9 @@ while ProcessGroup's pybind trampoline forwards C++ calls (DDP's reducer, functi
 collectives) to these Python methods. The runtime's gloo group is also registered as the
 group's cpu backend so C++ paths that ask for the device backend directly (monitored_barrier,
 `torch.ops.c10d.*` under torch.compile) still work; those few calls run on gloo, unchosen.
+
+Both lean on torch's backend plugin API, which changes between releases: outside the torch
+versions in `mcr.hooks.versions.TESTED`, registering warns with the tested range.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import torch.distributed as dist
 from .. import api
 from ..group import Group
 from ..ops import ReduceOp
+from . import versions
 from .work import DONE, HandleWork
 
 BACKEND_NAME = "mcr"
@@ -62,7 +66,7 @@ class RuntimeProcessGroup(dist.ProcessGroup):
             self._register_backend(torch.device("cuda"), _NCCL, group.comms["nccl"])
 
     # --- identity ------------------------------------------------------------------------------
-    def getBackendName(self):
+    def getBackendName(self):  # noqa: N802  (torch's ProcessGroup method name)
         return BACKEND_NAME
 
     def name(self):
@@ -303,6 +307,7 @@ def register() -> None:
     """Register backend "mcr" with torch.distributed (idempotent; `import mcr` calls it)."""
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
+    versions.warn_if_untested("torch", torch.__version__)
     devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=devices)
 
