@@ -56,7 +56,7 @@ class Device:
 @dataclass(frozen=True)
 class Link:
     latency_s: float
-    bandwidth_Bps: float
+    bandwidth_Bps: float  # noqa: N815  (the cluster YAML key; B is bytes, b would be bits)
 
     def time(self, nbytes):
         return self.latency_s + nbytes / self.bandwidth_Bps if nbytes > 0 else 0.0
@@ -144,14 +144,15 @@ def _link(raw, what):
 
 
 def fit_link(points):
-    """Least-squares latency + bytes/bandwidth through (bytes, seconds) points."""
-    import numpy as np
+    """Latency + bytes/bandwidth through (bytes, seconds) points: mcr's alpha-beta fit
+    (`mcr.tuning.model.fit`, least squares on the relative error)."""
+    from mcr.tuning.model import fit
 
-    sizes, seconds = np.array(points, dtype=float).T
-    slope, intercept = np.polyfit(sizes, seconds, 1)
-    if slope <= 0:
+    sizes, seconds = zip(*points)
+    latency_s, seconds_per_byte = fit(sizes, seconds)
+    if seconds_per_byte <= 0:
         raise ValueError("the measured times do not grow with message size; cannot fit a bandwidth")
-    return Link(max(float(intercept), 0.0), float(1.0 / slope))
+    return Link(latency_s, 1.0 / seconds_per_byte)
 
 
 def link_from_tuning_table(path, op="all_reduce"):

@@ -6,9 +6,9 @@ partition, so the planner's partition and DeepSpeed's own methods meet the same 
 """
 
 import argparse
+import itertools
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -44,12 +44,6 @@ def planned_pipeline_module(layers, parts, **kwargs):
             self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1])
 
     return PlannedPipelineModule(layers=layers, partition_method=parts, **kwargs)
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _profile_and_plan(args, dist):
@@ -105,7 +99,7 @@ def _worker(args):
             {
                 "spec": spec,
                 "engine": engine,
-                "data": iter(lambda: batch, None),
+                "data": itertools.repeat(batch),  # the same micro-batch every step
                 "times": [],
                 "cpu_times": [],
                 "parts": [int(v) for v in module.parts],
@@ -169,7 +163,9 @@ def run_partitions(
     if "planned" in partitions and not (plan_cluster and profile_out):
         raise ValueError("a 'planned' partition needs plan_cluster and profile_out")
     specs = [",".join(map(str, p)) if isinstance(p, (list, tuple)) else p for p in partitions]
-    port = _free_port()
+    from mcr.env import free_port
+
+    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
         procs = []

@@ -27,7 +27,7 @@ class RuntimeConfig:
     comm_log: bool = False  # keep per-(op, backend, size) timings; table printed at finalize()
     comm_log_json: Optional[str] = None  # where finalize() writes the log as JSON
     watchdog_timeout_s: float = 600.0  # a rank stuck this long in one op aborts the job
-    backends: str = "mpi,gloo,nccl"  # which backends to start, where available
+    backends: str = ",".join(KNOWN_BACKENDS)  # which backends to start, where available
 
 
 class ConfigError(ValueError):

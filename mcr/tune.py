@@ -198,8 +198,6 @@ def main(argv=None) -> int:
     bad = [g for g in group_sizes if not 2 <= g <= world]
     if bad:
         parser.error(f"group sizes {bad} do not fit a world of {world} ranks (each must be 2..{world})")
-    if "send_recv" in ops and world < 2:
-        ops.remove("send_recv")
     dtype = getattr(torch, args.dtype)
     base = powers_of_two(cands.parse_bytes(args.min_bytes), cands.parse_bytes(args.max_bytes))
     extra = {int(cands.parse_bytes(s)) for s in args.sizes.split(",") if s.strip()}

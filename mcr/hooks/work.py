@@ -73,10 +73,3 @@ class HandleWork(dist.Work):
 
     def result(self):
         return self._result
-
-
-def work_for(handle, result) -> dist.Work:
-    """The Work to hand back: the shared DONE for a finished blocking op."""
-    if handle is None:
-        return DONE
-    return HandleWork(handle, result)
