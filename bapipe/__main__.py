@@ -42,11 +42,11 @@ def describe(plan, sim=None):
         + (f" (simulated {sim.iteration_s * 1e3:.1f} ms, bubble {sim.bubble_fraction:.1%})" if sim else "")
         + f", {plan.samples_per_s:.1f} samples/s"
     ]
-    for s, st in enumerate(plan.stages):
-        flag = "" if st.memory_bytes <= st.memory_limit else "  OVER MEMORY"
+    for s, stage in enumerate(plan.stages):
+        flag = "" if stage.memory_bytes <= stage.memory_limit else "  OVER MEMORY"
         lines.append(
-            f"  stage {s}: layers {st.start}-{st.stop - 1}  per micro-batch {st.busy_s * 1e3:7.2f} ms  "
-            f"memory {st.memory_bytes / 2**20:9.1f} MiB / {st.memory_limit / 2**20:.0f} MiB{flag}"
+            f"  stage {s}: layers {stage.start}-{stage.stop - 1}  per micro-batch {stage.busy_s * 1e3:7.2f} ms  "
+            f"memory {stage.memory_bytes / 2**20:9.1f} MiB / {stage.memory_limit / 2**20:.0f} MiB{flag}"
         )
     if plan.notes.get("partition_method"):
         lines.append(
@@ -67,13 +67,13 @@ def cmd_plan(args):
     profile, cluster = Profile.load(args.profile), Cluster.load(args.cluster)
     if args.stages is None:
         return _search(args, profile, cluster)
-    m = args.microbatches or 4 * args.stages
-    model = CostModel(profile, cluster, args.stages, m, args.schedule, replicas=args.replicas)
+    microbatches = args.microbatches or 4 * args.stages
+    model = CostModel(profile, cluster, args.stages, microbatches, args.schedule, replicas=args.replicas)
     plan = optimal_plan(model)
     sim = simulate(plan)
     baselines = [b for b in (baseline_plan(model, "uniform"), baseline_plan(model, "parameters")) if b]
     devices = args.stages * args.replicas
-    dp = data_parallel_plan(profile, cluster, devices, -(-m * args.replicas // devices))
+    dp = data_parallel_plan(profile, cluster, devices, -(-microbatches * args.replicas // devices))
     if args.timeline:
         draw_timeline(sim, args.timeline, f"{profile.model} {args.schedule} parts {plan.deepspeed_parts}")
     same = [b.label for b in baselines if b.deepspeed_parts == plan.deepspeed_parts]
@@ -101,14 +101,14 @@ def cmd_plan(args):
                 else f", {other.microbatches} micro-batch(es) per device"
             )
         )
-    best = min([plan] + [b for b in baselines + [dp] if b.notes["fits_memory"]], key=lambda p: p.iteration_s)
+    best = min([plan] + [b for b in baselines + [dp] if b.notes["fits_memory"]], key=lambda b: b.iteration_s)
     print(f"best: {best.label}")
 
 
 def _search(args, profile, cluster):
     best, tried = search(profile, cluster, max_microbatches=args.max_microbatches)
     if args.json:
-        print(json.dumps({**best.to_json(), "candidates": [p.to_json() for p in tried]}, indent=1))
+        print(json.dumps({**best.to_json(), "candidates": [plan.to_json() for plan in tried]}, indent=1))
         return
     print(
         f"searched {len(tried)} feasible configurations of {profile.model} on {cluster.name} "
@@ -122,14 +122,17 @@ def _search(args, profile, cluster):
     print(
         f"  {'stages':>6} {'replicas':>8} {'schedule':<14} {'micro':>5} {'iteration ms':>12} {'samples/s':>10}  parts"
     )
-    for plan in sorted(top.values(), key=lambda p: -p.samples_per_s):
+    ranked = sorted(top.values(), key=lambda plan: -plan.samples_per_s)
+    for plan in ranked:
         print(
             f"  {len(plan.stages):>6} {plan.replicas:>8} {plan.schedule:<14} {plan.microbatches:>5} "
             f"{plan.iteration_s * 1e3:12.1f} {plan.samples_per_s:10.1f}  {plan.deepspeed_parts}"
         )
-    runner_up = sorted(top.values(), key=lambda p: -p.samples_per_s)[1:2]
+    runner_up = ranked[1:2]
     print(describe(best))
-    dp = max((p for p in tried if p.schedule == "data-parallel"), key=lambda p: p.samples_per_s, default=None)
+    dp = max(
+        (plan for plan in tried if plan.schedule == "data-parallel"), key=lambda plan: plan.samples_per_s, default=None
+    )
     print(
         "pure data parallelism: "
         + (

@@ -15,9 +15,9 @@ activations, in flight = m for GPipe and min(p-s, m) for 1F1B.
 
 The objective mixes a sum and maxima, so a DP keeping one number per state is not exact. The
 DP over (stage, last layer) keeps, per state, the Pareto set of (sum, max_a, max_b, max_step):
-any completion is monotone in each, so dominated labels can never win and the result is exact.
-That is O(p * L^2) transitions times the size of the label sets, which stay small: at most 59
-labels and 0.13 s per configuration on the study's profiles (8 stages, 11-18 layers).
+any completion is monotone in each, so a dominated cost vector can never win and the result is
+exact. That is O(p * L^2) transitions times the size of the Pareto sets, which stay small: at
+most 59 vectors and 0.13 s per configuration on the study's profiles (8 stages, 11-18 layers).
 """
 
 import itertools
@@ -122,19 +122,19 @@ class CostModel:
                 f"cluster {cluster.name} has {cluster.size}"
             )
         self.profile, self.cluster = profile, cluster
-        self.p, self.m, self.schedule, self.replicas = stages, microbatches, schedule, replicas
+        self.stages, self.microbatches, self.schedule, self.replicas = stages, microbatches, schedule, replicas
         layers = profile.layers
-        self.L = len(layers)
+        self.num_layers = len(layers)
 
-        def prefix(values):
-            return list(itertools.accumulate(values, initial=0.0))
+        def prefix(field):  # prefix sums: a stage [i, j) costs prefix[j] - prefix[i]
+            return list(itertools.accumulate((getattr(layer, field) for layer in layers), initial=0.0))
 
-        self._fwd = prefix(l.forward_s for l in layers)
-        self._bwd = prefix(l.backward_s for l in layers)
-        self._opt = prefix(l.optimizer_s for l in layers)
-        self._params = prefix(l.param_bytes for l in layers)
-        self._acts = prefix(l.activation_bytes for l in layers)
-        self._out = [l.output_bytes for l in layers]
+        self._forward = prefix("forward_s")
+        self._backward = prefix("backward_s")
+        self._optimizer = prefix("optimizer_s")
+        self._params = prefix("param_bytes")
+        self._stash = prefix("activation_bytes")
+        self._output = [layer.output_bytes for layer in layers]
         # the slowest / smallest device among the replicas bounds each stage
         self.speed = [min(cluster.devices[r * stages + s].speed for r in range(replicas)) for s in range(stages)]
         self.memory = [
@@ -143,11 +143,11 @@ class CostModel:
         self.state_per_param_byte = cluster.bytes_per_param_state / profile.param_dtype_bytes
 
     def in_flight(self, s):
-        return self.m if self.schedule == "gpipe" else min(self.p - s, self.m)
+        return self.microbatches if self.schedule == "gpipe" else min(self.stages - s, self.microbatches)
 
     def memory_bytes(self, s, i, j):
         params = self._params[j] - self._params[i]
-        return params * self.state_per_param_byte + self.in_flight(s) * (self._acts[j] - self._acts[i])
+        return params * self.state_per_param_byte + self.in_flight(s) * (self._stash[j] - self._stash[i])
 
     def stage(self, s, i, j) -> Stage:
         speed = self.speed[s]
@@ -156,100 +156,107 @@ class CostModel:
         return Stage(
             start=i,
             stop=j,
-            forward_s=(self._fwd[j] - self._fwd[i]) / speed,
-            backward_s=(self._bwd[j] - self._bwd[i]) / speed,
-            send_forward_s=link.time(self._out[j - 1]) if s < self.p - 1 else 0.0,
-            send_backward_s=link.time(self._out[i - 1]) if s > 0 else 0.0,
-            step_s=(self._opt[j] - self._opt[i]) / speed
+            forward_s=(self._forward[j] - self._forward[i]) / speed,
+            backward_s=(self._backward[j] - self._backward[i]) / speed,
+            send_forward_s=link.time(self._output[j - 1]) if s < self.stages - 1 else 0.0,
+            send_backward_s=link.time(self._output[i - 1]) if s > 0 else 0.0,
+            step_s=(self._optimizer[j] - self._optimizer[i]) / speed
             + self.cluster.allreduce.ring_allreduce_time(params, self.replicas),
             static_bytes=params * self.state_per_param_byte,
-            stash_bytes=self._acts[j] - self._acts[i],
+            stash_bytes=self._stash[j] - self._stash[i],
             memory_bytes=self.memory_bytes(s, i, j),
             memory_limit=self.memory[s],
         )
 
-    def label(self, stage: Stage):
-        """(sum, max_a, max_b, max_step) contribution of one stage."""
+    def cost_vector(self, stage: Stage):
+        """One stage's (sum, max_a, max_b, max_step) terms of the iteration time."""
         if self.schedule == "gpipe":
-            a, b = stage.forward_s + stage.send_forward_s, stage.backward_s + stage.send_backward_s
-            return (a + b, a, b, stage.step_s)
+            forward = stage.forward_s + stage.send_forward_s
+            backward = stage.backward_s + stage.send_backward_s
+            return (forward + backward, forward, backward, stage.step_s)
         return (stage.busy_s, stage.busy_s, 0.0, stage.step_s)
 
-    def objective(self, label):
-        total, max_a, max_b, max_step = label
-        return total + (self.m - 1) * (max_a + max_b) + max_step
+    def iteration_s(self, costs):
+        """The iteration time from the stages' combined cost vector."""
+        total, max_a, max_b, max_step = costs
+        return total + (self.microbatches - 1) * (max_a + max_b) + max_step
 
     def stages_for(self, boundaries):
-        cuts = list(boundaries) + [self.L]
-        return [self.stage(s, cuts[s], cuts[s + 1]) for s in range(self.p)]
+        cuts = list(boundaries) + [self.num_layers]
+        return [self.stage(s, cuts[s], cuts[s + 1]) for s in range(self.stages)]
 
-    def plan(self, boundaries, label="planned", check_memory=True) -> Plan:
-        bad = [b for b in zip(list(boundaries) + [self.L], list(boundaries)[1:] + [self.L + 1]) if b[0] >= b[1]]
-        if len(boundaries) != self.p or boundaries[0] != 0 or bad:
+    def plan(self, boundaries, label="planned") -> Plan:
+        cuts = list(boundaries) + [self.num_layers]
+        if len(boundaries) != self.stages or boundaries[0] != 0 or any(a >= b for a, b in zip(cuts, cuts[1:])):
             raise ValueError(
-                f"boundaries {list(boundaries)} must be {self.p} rising first-layer indices from 0 "
-                f"below {self.L} (no empty stage)"
+                f"boundaries {list(boundaries)} must be {self.stages} rising first-layer indices from 0 "
+                f"below {self.num_layers} (no empty stage)"
             )
         stages = self.stages_for(boundaries)
-        total = [0.0, 0.0, 0.0, 0.0]
-        for st in stages:
-            lab = self.label(st)
-            total = [total[0] + lab[0]] + [max(x, y) for x, y in zip(total[1:], lab[1:])]
+        costs = (0.0, 0.0, 0.0, 0.0)
+        for stage in stages:
+            costs = _combine(costs, self.cost_vector(stage))
         plan = Plan(
             self.schedule,
-            self.m,
+            self.microbatches,
             self.replicas,
             stages,
-            self.objective(total),
+            self.iteration_s(costs),
             micro_batch=self.profile.micro_batch,
             label=label,
         )
-        plan.notes["fits_memory"] = all(st.memory_bytes <= st.memory_limit for st in stages)
+        plan.notes["fits_memory"] = all(stage.memory_bytes <= stage.memory_limit for stage in stages)
         return plan
 
 
-def _combine(acc, lab):
-    return (acc[0] + lab[0], max(acc[1], lab[1]), max(acc[2], lab[2]), max(acc[3], lab[3]))
+def _combine(costs, stage_costs):
+    """Cost vectors of consecutive stages: times add, maxima take the larger."""
+    return (
+        costs[0] + stage_costs[0],
+        max(costs[1], stage_costs[1]),
+        max(costs[2], stage_costs[2]),
+        max(costs[3], stage_costs[3]),
+    )
 
 
-def _pareto(labels):
-    """Keep the labels no other label beats in every component."""
-    labels.sort(key=lambda e: e[0])
+def _pareto(entries):
+    """Keep the entries whose cost vector no other entry's beats in every component."""
+    entries.sort(key=lambda entry: entry[0])
     kept = []
-    for entry in labels:
-        v = entry[0]
-        if not any(all(k[0][c] <= v[c] for c in range(4)) for k in kept):
+    for entry in entries:
+        costs = entry[0]
+        if not any(all(other[0][c] <= costs[c] for c in range(4)) for other in kept):
             kept.append(entry)
     return kept
 
 
 def optimal_plan(model: CostModel) -> Plan:
     """Exact minimum of the iteration time over contiguous, non-empty, memory-feasible partitions."""
-    p, L = model.p, model.L
-    # states[s][j]: labels for stages 0..s covering layers [0, j); entry = (label, i, parent entry)
-    states = [dict() for _ in range(p)]
-    for j in range(1, L - p + 2):
+    stages, layers = model.stages, model.num_layers
+    # states[s][j]: entries for stages 0..s covering layers [0, j); entry = (costs, i, parent entry)
+    states = [dict() for _ in range(stages)]
+    for j in range(1, layers - stages + 2):
         if model.memory_bytes(0, 0, j) <= model.memory[0]:
-            states[0][j] = [(model.label(model.stage(0, 0, j)), 0, None)]
-    for s in range(1, p):
-        last = L - (p - 1 - s)
+            states[0][j] = [(model.cost_vector(model.stage(0, 0, j)), 0, None)]
+    for s in range(1, stages):
+        last = layers - (stages - 1 - s)
         for j in range(s + 1, last + 1):
-            if s == p - 1 and j != L:
+            if s == stages - 1 and j != layers:
                 continue
             candidates = []
             for i, entries in states[s - 1].items():
                 if i >= j or model.memory_bytes(s, i, j) > model.memory[s]:
                     continue
-                lab = model.label(model.stage(s, i, j))
-                candidates += [(_combine(e[0], lab), i, e) for e in entries]
+                stage_costs = model.cost_vector(model.stage(s, i, j))
+                candidates += [(_combine(entry[0], stage_costs), i, entry) for entry in entries]
             if candidates:
                 states[s][j] = _pareto(candidates)
-    finals = states[p - 1].get(L)
+    finals = states[stages - 1].get(layers)
     if not finals:
         raise infeasible(model)
-    best = min(finals, key=lambda e: model.objective(e[0]))
+    best = min(finals, key=lambda entry: model.iteration_s(entry[0]))
     boundaries, entry = [], best
-    for _ in range(p):
+    for _ in range(stages):
         boundaries.append(entry[1] if entry[2] is not None else 0)
         entry = entry[2]
     return model.plan(boundaries[::-1])
@@ -257,15 +264,16 @@ def optimal_plan(model: CostModel) -> Plan:
 
 def infeasible(model: CostModel) -> InfeasibleError:
     """The smallest per-device memory that fits some partition: a min-max DP over stage memory."""
-    p, L = model.p, model.L
-    best = {(0, j): model.memory_bytes(0, 0, j) for j in range(1, L + 1)}
-    for s in range(1, p):
-        for j in range(s + 1, L + 1):
+    stages, layers = model.stages, model.num_layers
+    best = {(0, j): model.memory_bytes(0, 0, j) for j in range(1, layers + 1)}
+    for s in range(1, stages):
+        for j in range(s + 1, layers + 1):
             best[(s, j)] = min(max(best[(s - 1, i)], model.memory_bytes(s, i, j)) for i in range(s, j))
-    needed = best[(p - 1, L)]
+    needed = best[(stages - 1, layers)]
     have = min(model.memory)
     return InfeasibleError(
-        f"no partition of {L} layers into {p} stages ({model.schedule}, {model.m} micro-batches) fits in memory: "
+        f"no partition of {layers} layers into {stages} stages ({model.schedule}, {model.microbatches} micro-batches) "
+        f"fits in memory: "
         f"the smallest device memory that would fit is {needed / 2**30:.3f} GiB ({needed:.0f} bytes), "
         f"the cluster gives {have / 2**30:.3f} GiB; use more stages, fewer micro-batches, 1f1b, "
         f"or devices with more memory",
@@ -276,7 +284,7 @@ def infeasible(model: CostModel) -> InfeasibleError:
 def brute_force_plan(model: CostModel) -> Plan:
     """Every partition, for checking the DP on small instances."""
     best = None
-    for cuts in itertools.combinations(range(1, model.L), model.p - 1):
+    for cuts in itertools.combinations(range(1, model.num_layers), model.stages - 1):
         plan = model.plan((0,) + cuts)
         if plan.notes["fits_memory"] and (best is None or plan.iteration_s < best.iteration_s):
             best = plan
@@ -285,8 +293,8 @@ def brute_force_plan(model: CostModel) -> Plan:
     return best
 
 
-def deepspeed_parts(profile: Profile, stages: int, method: str):
-    """The boundaries DeepSpeed's ``PipelineModule`` picks with ``partition_method=method``."""
+def deepspeed_partition(profile: Profile, stages: int, method: str):
+    """The ``parts`` DeepSpeed's ``PipelineModule`` picks with ``partition_method=method``."""
     import contextlib
     import io
 
@@ -295,7 +303,7 @@ def deepspeed_parts(profile: Profile, stages: int, method: str):
     if method == "uniform":
         parts = ds_utils.partition_uniform(num_items=profile.num_layers, num_parts=stages)
     elif method == "parameters":
-        counts = [round(l.param_bytes / profile.param_dtype_bytes) for l in profile.layers]
+        counts = [round(layer.param_bytes / profile.param_dtype_bytes) for layer in profile.layers]
         parts = ds_utils.partition_balanced(weights=counts, num_parts=stages)
     else:
         raise ValueError(f"DeepSpeed method {method!r}: compare against 'uniform' or 'parameters'")
@@ -303,7 +311,7 @@ def deepspeed_parts(profile: Profile, stages: int, method: str):
 
 
 def baseline_plan(model: CostModel, method: str) -> Plan:
-    parts = deepspeed_parts(model.profile, model.p, method)
+    parts = deepspeed_partition(model.profile, model.stages, method)
     if any(a >= b for a, b in zip(parts, parts[1:])):  # DeepSpeed leaves a stage empty here
         return None
     return model.plan(parts[:-1], label=method)
@@ -313,11 +321,17 @@ def data_parallel_plan(profile: Profile, cluster: Cluster, devices: int, microba
     """Pure data parallelism: every device holds the whole model and runs its micro-batches one
     after another (gradient accumulation frees activations between them), then all-reduces."""
     model = CostModel(profile, cluster, 1, microbatches_per_device, "gpipe", replicas=devices)
-    stage = model.stage(0, 0, model.L)
+    stage = model.stage(0, 0, model.num_layers)
     stage.memory_bytes = stage.static_bytes + stage.stash_bytes  # one micro-batch at a time
-    time = model.m * (stage.forward_s + stage.backward_s) + stage.step_s
+    iteration_s = model.microbatches * (stage.forward_s + stage.backward_s) + stage.step_s
     plan = Plan(
-        "data-parallel", model.m, devices, [stage], time, micro_batch=profile.micro_batch, label="data-parallel"
+        "data-parallel",
+        model.microbatches,
+        devices,
+        [stage],
+        iteration_s,
+        micro_batch=profile.micro_batch,
+        label="data-parallel",
     )
     plan.notes["fits_memory"] = stage.memory_bytes <= stage.memory_limit
     return plan
@@ -327,21 +341,22 @@ def search(profile: Profile, cluster: Cluster, max_microbatches: int = 64, stage
     """Best plan over stage count p (dividing the device count; p = 1 is data parallelism),
     schedule and micro-batches per pipeline (powers of two up to ``max_microbatches`` samples'
     worth of micro-batches per iteration), by samples per second. Returns (best, all feasible)."""
-    n = cluster.size
-    counts = stage_counts or [p for p in range(1, min(n, profile.num_layers) + 1) if n % p == 0]
+    devices = cluster.size
+    counts = stage_counts or [p for p in range(1, min(devices, profile.num_layers) + 1) if devices % p == 0]
     tried = []
-    for p in counts:
-        d = n // p
-        ms = sorted({m for m in (2**k for k in range(12)) if m * d <= max_microbatches} | {max_microbatches // d})
-        for m in [m for m in ms if m >= 1]:
-            if p == 1:
-                plan = data_parallel_plan(profile, cluster, d, m)
+    for stages in counts:
+        replicas = devices // stages
+        powers = {2**k for k in range(12) if 2**k * replicas <= max_microbatches}
+        for microbatches in sorted(m for m in powers | {max_microbatches // replicas} if m >= 1):
+            if stages == 1:
+                plan = data_parallel_plan(profile, cluster, replicas, microbatches)
                 if plan.notes["fits_memory"]:
                     tried.append(plan)
                 continue
             for schedule in SCHEDULES:
                 try:
-                    tried.append(optimal_plan(CostModel(profile, cluster, p, m, schedule, replicas=d)))
+                    model = CostModel(profile, cluster, stages, microbatches, schedule, replicas=replicas)
+                    tried.append(optimal_plan(model))
                 except InfeasibleError:
                     pass
     if not tried:
@@ -349,4 +364,4 @@ def search(profile: Profile, cluster: Cluster, max_microbatches: int = 64, stage
             f"no configuration of {profile.model} fits cluster {cluster.name}'s memory; use devices with more memory",
             math.inf,
         )
-    return max(tried, key=lambda pl: pl.samples_per_s), tried
+    return max(tried, key=lambda plan: plan.samples_per_s), tried

@@ -105,7 +105,7 @@ def _median_time(fn, repeats, clock):
     return statistics.median(times)
 
 
-def _stashed_bytes(run_forward, layer):
+def _stashed_bytes(layer, x, loss):
     """Bytes autograd keeps for backward during one forward, parameters excluded."""
     params = {p.data_ptr() for p in layer.parameters()}
     seen = {}
@@ -117,8 +117,35 @@ def _stashed_bytes(run_forward, layer):
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = run_forward()
-    return sum(seen.values()), out
+        _forward(layer, x, loss)
+    return sum(seen.values())
+
+
+def _forward(layer, x, loss):
+    """One layer's forward on a fresh copy of its input, as a pipeline stage receives it."""
+    out = layer(_detach_for_grad(x))
+    return loss(out) if loss else out
+
+
+def _time_layer(layer, x, loss, repeats, clock) -> dict:
+    """Median forward, backward and optimizer-step seconds of one layer on input x."""
+    layer.train()
+    optimizer = torch.optim.Adam(layer.parameters(), lr=1e-4) if any(True for _ in layer.parameters()) else None
+
+    def forward_backward():
+        layer.zero_grad(set_to_none=True)
+        outs = [t for t in _tensors(_forward(layer, x, loss)) if t.requires_grad]
+        grads = [torch.ones_like(t) if t.dim() == 0 else torch.randn_like(t) for t in outs]
+        start = clock()
+        torch.autograd.backward(outs, grads)
+        return clock() - start
+
+    forward_backward()  # warm-up: allocator, kernels, lazy state
+    return {
+        "forward_s": _median_time(lambda: _forward(layer, x, loss), repeats, clock),
+        "backward_s": statistics.median(forward_backward() for _ in range(repeats)),
+        "optimizer_s": _median_time(optimizer.step, repeats, clock) if optimizer else 0.0,
+    }
 
 
 def profile_stack(stack: LayerStack, micro_batch: int, repeats: int = 5, threads: int = 1) -> Profile:
@@ -134,38 +161,18 @@ def profile_stack(stack: LayerStack, micro_batch: int, repeats: int = 5, threads
     result = []
     x = inputs
     for i, layer in enumerate(stack.layers):
-        layer.train()
-        optimizer = torch.optim.Adam(layer.parameters(), lr=1e-4) if any(True for _ in layer.parameters()) else None
-
-        def forward():
-            out = layer(_detach_for_grad(x))
-            return stack.loss_fn(out, labels) if i == last else out
-
-        def forward_backward():
-            layer.zero_grad(set_to_none=True)
-            out = forward()
-            outs = [t for t in _tensors(out) if t.requires_grad]
-            grads = [torch.ones_like(t) if t.dim() == 0 else torch.randn_like(t) for t in outs]
-            start = clock()
-            torch.autograd.backward(outs, grads)
-            return clock() - start
-
-        forward_backward()  # warm-up: allocator, kernels, lazy state
-        forward_s = _median_time(forward, repeats, clock)
-        backward_s = statistics.median(forward_backward() for _ in range(repeats))
-        optimizer_s = _median_time(optimizer.step, repeats, clock) if optimizer else 0.0
-        activation_bytes, out = _stashed_bytes(forward, layer)
+        loss = (lambda out: stack.loss_fn(out, labels)) if i == last else None  # the last stage computes it
+        times = _time_layer(layer, x, loss, repeats, clock)
+        activation_bytes = _stashed_bytes(layer, x, loss)
         with torch.no_grad():
             x = layer(x)
         result.append(
             LayerProfile(
                 name=f"{i}:{layer.__class__.__name__}",
-                forward_s=forward_s,
-                backward_s=backward_s,
+                **times,
                 param_bytes=sum(p.numel() * p.element_size() for p in layer.parameters()),
                 activation_bytes=activation_bytes,
                 output_bytes=0 if i == last else sum(t.numel() * t.element_size() for t in _tensors(x)),
-                optimizer_s=optimizer_s,
             )
         )
     return Profile(

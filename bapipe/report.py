@@ -16,7 +16,7 @@ STUDY_CLUSTERS = [f"configs/bapipe/{kind}-{n}.yaml" for kind in ("gpu", "fpga") 
 
 def stage_cpu_s(plan):
     """Compute each stage does per iteration: its forwards, backwards and optimizer step."""
-    return [plan.microbatches * (st.forward_s + st.backward_s) + st.step_s for st in plan.stages]
+    return [plan.microbatches * (stage.forward_s + stage.backward_s) + stage.step_s for stage in plan.stages]
 
 
 def prediction_vs_reality(
@@ -41,7 +41,7 @@ def prediction_vs_reality(
         )
         profile = Profile.load(profile_path)
     model = CostModel(profile, Cluster.load(cluster_path), 2, microbatches, "1f1b")
-    plans = [optimal_plan(model)] + [baseline_plan(model, m) for m in methods]
+    plans = [optimal_plan(model)] + [baseline_plan(model, method) for method in methods]
     assert plans[0].deepspeed_parts == measured[0]["parts"], "the workers planned another partition"
     rows = []
     print(
@@ -69,11 +69,11 @@ def prediction_vs_reality(
                 "loss": run["loss"],
             }
         )
-        r = rows[-1]
+        row = rows[-1]
         print(
             f"  {plan.label:<11} {str(plan.deepspeed_parts):<12} {plan.iteration_s * 1e3:12.1f} "
             f"{sim.iteration_s * 1e3:12.1f} {fastest * 1e3:10.1f} {run['iteration_s'] * 1e3:10.1f} "
-            f"{r['error_vs_fastest']:+11.1%} {r['error_vs_median']:+10.1%}"
+            f"{row['error_vs_fastest']:+11.1%} {row['error_vs_median']:+10.1%}"
         )
     load_after = os.getloadavg()[0]
     print(
@@ -85,17 +85,18 @@ def prediction_vs_reality(
         row["stage_cpu_predicted_s"] = stage_cpu_s(plan)
         row["stage_cpu_measured_s"] = run["stage_cpu_s"]
         pairs = ", ".join(
-            f"stage {s}: {p * 1e3:.0f} vs {m * 1e3:.0f} ms ({p / m - 1:+.0%})"
-            for s, (p, m) in enumerate(zip(row["stage_cpu_predicted_s"], run["stage_cpu_s"]))
+            f"stage {s}: {predicted * 1e3:.0f} vs {measured_s * 1e3:.0f} ms ({predicted / measured_s - 1:+.0%})"
+            for s, (predicted, measured_s) in enumerate(zip(row["stage_cpu_predicted_s"], run["stage_cpu_s"]))
         )
         print(f"    {plan.label:<11} predicted vs measured {pairs}")
     planned = rows[0]
-    fastest = all(planned["measured_median_s"] <= r["measured_median_s"] for r in rows[1:])
-    for r in rows[1:]:
+    fastest = all(planned["measured_median_s"] <= other["measured_median_s"] for other in rows[1:])
+    for other in rows[1:]:
         print(
-            f"  planned vs {r['partition']}: measured speed-up {r['measured_median_s'] / planned['measured_median_s']:.2f}x "
-            f"(median), {r['measured_fastest_s'] / planned['measured_fastest_s']:.2f}x (fastest); "
-            f"predicted {r['predicted_s'] / planned['predicted_s']:.2f}x"
+            f"  planned vs {other['partition']}: measured speed-up "
+            f"{other['measured_median_s'] / planned['measured_median_s']:.2f}x (median), "
+            f"{other['measured_fastest_s'] / planned['measured_fastest_s']:.2f}x (fastest); "
+            f"predicted {other['predicted_s'] / planned['predicted_s']:.2f}x"
         )
     print(f"  planned partition at least as fast as {', '.join(methods)} (median): {'yes' if fastest else 'NO'}")
     result = {
@@ -103,8 +104,8 @@ def prediction_vs_reality(
         "planned_at_least_as_fast": fastest,
         "profile": dataclasses.asdict(profile),
         "load_average": [load_before, load_after],
-        "max_abs_error_vs_fastest": max(abs(r["error_vs_fastest"]) for r in rows),
-        "max_abs_error_vs_median": max(abs(r["error_vs_median"]) for r in rows),
+        "max_abs_error_vs_fastest": max(abs(row["error_vs_fastest"]) for row in rows),
+        "max_abs_error_vs_median": max(abs(row["error_vs_median"]) for row in rows),
     }
     if out:
         with open(out, "w") as f:
@@ -136,10 +137,11 @@ def study_row(profile, cluster, max_microbatches=64):
     configuration, a uniform GPipe over all devices, and the best pure data parallelism. Each
     uses the most micro-batches (up to the cap) that fit in memory."""
     best, tried = search(profile, cluster, max_microbatches=max_microbatches)
-    n = cluster.size
-    pipelined = [p for p in tried if p.schedule != "data-parallel"]
-    best_pipe = max(pipelined, key=lambda p: p.samples_per_s, default=None)
-    dp = max((p for p in tried if p.schedule == "data-parallel"), key=lambda p: p.samples_per_s, default=None)
+    devices = cluster.size
+    pipelined = [plan for plan in tried if plan.schedule != "data-parallel"]
+    best_pipe = max(pipelined, key=lambda plan: plan.samples_per_s, default=None)
+    data_parallel = [plan for plan in tried if plan.schedule == "data-parallel"]
+    dp = max(data_parallel, key=lambda plan: plan.samples_per_s, default=None)
     uniform_same = None
     if best_pipe:
         uniform_same = baseline_plan(
@@ -149,14 +151,14 @@ def study_row(profile, cluster, max_microbatches=64):
             "uniform",
         )
     gpipe_all = None
-    if profile.num_layers >= n:
+    if profile.num_layers >= devices:
         candidates = []
-        for m in sorted({2**k for k in range(12) if 2**k <= max_microbatches} | {max_microbatches}):
-            plan = baseline_plan(CostModel(profile, cluster, n, m, "gpipe"), "uniform")
+        for microbatches in sorted({2**k for k in range(12) if 2**k <= max_microbatches} | {max_microbatches}):
+            plan = baseline_plan(CostModel(profile, cluster, devices, microbatches, "gpipe"), "uniform")
             if plan and plan.notes["fits_memory"]:
                 candidates.append(plan)
-        gpipe_all = max(candidates, key=lambda p: p.samples_per_s, default=None)
-    row = {"model": profile.model, "cluster": cluster.name, "devices": n, "best": _summary(best, best)}
+        gpipe_all = max(candidates, key=lambda plan: plan.samples_per_s, default=None)
+    row = {"model": profile.model, "cluster": cluster.name, "devices": devices, "best": _summary(best, best)}
     for name, plan, reference in (
         ("best_pipeline", best_pipe, best),
         ("uniform_same_config", uniform_same, best_pipe),
@@ -165,6 +167,10 @@ def study_row(profile, cluster, max_microbatches=64):
     ):
         row[name] = _summary(plan, reference) if plan else None
     return row
+
+
+def _speedup(entry):
+    return "n/a" if entry is None else "no fit" if not entry["fits_memory"] else f"{entry['speedup']:.2f}x"
 
 
 def study(profiles_dir, cluster_paths=None, max_microbatches=64, out=None):
@@ -186,18 +192,13 @@ def study(profiles_dir, cluster_paths=None, max_microbatches=64, out=None):
         for cluster_path in cluster_paths or STUDY_CLUSTERS:
             row = study_row(profile, Cluster.load(cluster_path), max_microbatches)
             rows.append(row)
-
-            def speedup(name):
-                entry = row[name]
-                return "n/a" if entry is None else "no fit" if not entry["fits_memory"] else f"{entry['speedup']:.2f}x"
-
             best, dp, pipe = row["best"], row["data_parallel"], row["best_pipeline"]
             dp_mib = f"{dp['peak_mib']:.0f}" if dp else "no fit"
             pipe_mib = f"{pipe['peak_mib']:.0f}" if pipe else "n/a"
             print(
                 f"{row['model']:<10} {row['cluster']:<8} {best['config']:<22} {best['samples_per_s']:10.1f} "
-                f"{best['peak_mib']:5.0f} | {speedup('uniform_same_config'):>18} {speedup('gpipe_uniform_all'):>12} "
-                f"{speedup('data_parallel'):>7} {dp_mib:>7} {pipe_mib:>8}"
+                f"{best['peak_mib']:5.0f} | {_speedup(row['uniform_same_config']):>18} "
+                f"{_speedup(row['gpipe_uniform_all']):>12} {_speedup(row['data_parallel']):>7} {dp_mib:>7} {pipe_mib:>8}"
             )
     if out:
         with open(out, "w") as f:

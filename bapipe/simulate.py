@@ -38,49 +38,48 @@ class SimResult:
 
 def stage_order(schedule, stages, microbatches, s):
     """The (kind, micro-batch) sequence stage s runs."""
-    m = microbatches
     if schedule == "gpipe":
-        return [("F", k) for k in range(m)] + [("B", k) for k in range(m)]
+        return [("F", k) for k in range(microbatches)] + [("B", k) for k in range(microbatches)]
     if schedule == "1f1b":
-        warmup = min(stages - s - 1, m)
+        warmup = min(stages - s - 1, microbatches)
         order = [("F", k) for k in range(warmup)]
-        for k in range(m - warmup):  # steady state: one forward, one backward
+        for k in range(microbatches - warmup):  # steady state: one forward, one backward
             order += [("F", warmup + k), ("B", k)]
-        return order + [("B", k) for k in range(m - warmup, m)]
+        return order + [("B", k) for k in range(microbatches - warmup, microbatches)]
     raise ValueError(f"schedule {schedule!r}: choose gpipe or 1f1b")
 
 
 def simulate(plan: Plan) -> SimResult:
-    stages, m = plan.stages, plan.microbatches
-    p = len(stages)
-    orders = [stage_order(plan.schedule, p, m, s) for s in range(p)]
+    stages, microbatches = plan.stages, plan.microbatches
+    num_stages = len(stages)
+    orders = [stage_order(plan.schedule, num_stages, microbatches, s) for s in range(num_stages)]
     done = {}  # (kind, stage, micro) -> end time
-    position, free_at, ops = [0] * p, [0.0] * p, []
-    remaining = sum(len(o) for o in orders)
+    position, free_at, ops = [0] * num_stages, [0.0] * num_stages, []
+    remaining = sum(len(order) for order in orders)
     while remaining:
         progressed = False
-        for s in range(p):
+        for s in range(num_stages):
             while position[s] < len(orders[s]):
                 kind, k = orders[s][position[s]]
                 dep = (
                     ("F", s - 1, k)
                     if kind == "F" and s > 0
                     else ("B", s + 1, k)
-                    if kind == "B" and s < p - 1
+                    if kind == "B" and s < num_stages - 1
                     else ("F", s, k)
                     if kind == "B"
                     else None
                 )
                 if dep is not None and dep not in done:
                     break
-                st = stages[s]
+                stage = stages[s]
                 op = Op(
                     s,
                     kind,
                     k,
                     max(free_at[s], done.get(dep, 0.0)),
-                    st.forward_s if kind == "F" else st.backward_s,
-                    st.send_forward_s if kind == "F" else st.send_backward_s,
+                    stage.forward_s if kind == "F" else stage.backward_s,
+                    stage.send_forward_s if kind == "F" else stage.send_backward_s,
                 )
                 done[(kind, s, k)] = op.end
                 free_at[s] = op.end
@@ -91,21 +90,20 @@ def simulate(plan: Plan) -> SimResult:
         if not progressed:
             raise RuntimeError("schedule deadlocked: an operation waits for one that never runs")
     pipeline_s = max(free_at)
-    for s, st in enumerate(stages):
-        ops.append(Op(s, "step", -1, free_at[s], st.step_s, 0.0))
+    for s, stage in enumerate(stages):
+        ops.append(Op(s, "step", -1, free_at[s], stage.step_s, 0.0))
     iteration_s = max(op.end for op in ops)
-    busy = sum(m * (st.forward_s + st.backward_s) for st in stages)
+    busy = sum(microbatches * (stage.forward_s + stage.backward_s) for stage in stages)
     peak_memory, peak_in_flight = [], []
-    for s, st in enumerate(stages):
+    for s, stage in enumerate(stages):
         in_flight = peak = 0
         for kind, _ in orders[s]:
             in_flight += 1 if kind == "F" else -1
             peak = max(peak, in_flight)
         peak_in_flight.append(peak)
-        peak_memory.append(st.static_bytes + peak * st.stash_bytes)
-    return SimResult(
-        iteration_s, pipeline_s, 1 - busy / (p * pipeline_s) if pipeline_s else 0.0, peak_memory, peak_in_flight, ops
-    )
+        peak_memory.append(stage.static_bytes + peak * stage.stash_bytes)
+    bubble = 1 - busy / (num_stages * pipeline_s) if pipeline_s else 0.0
+    return SimResult(iteration_s, pipeline_s, bubble, peak_memory, peak_in_flight, ops)
 
 
 def draw_timeline(result: SimResult, path, title="pipeline timeline"):

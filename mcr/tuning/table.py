@@ -83,7 +83,7 @@ class Fit:
     group_size: int
     candidate: str
     alpha_us: float
-    beta_us_per_MiB: float
+    beta_us_per_MiB: float  # noqa: N815  (the tuning-table YAML key; MiB is the unit)
     predicted: bool = False
 
     def latency_us(self, nbytes: int) -> float:

@@ -10,7 +10,7 @@ from bapipe.explore import (
     baseline_plan,
     brute_force_plan,
     data_parallel_plan,
-    deepspeed_parts,
+    deepspeed_partition,
     optimal_plan,
     search,
 )
@@ -96,7 +96,7 @@ def test_heavy_output_head_moves_layers_to_the_first_stage():
     model = CostModel(Profile(layers), make_cluster(2), 2, 8, "1f1b")
     plan = optimal_plan(model)
     uniform = baseline_plan(model, "uniform")
-    assert deepspeed_parts(Profile(layers), 2, "uniform") == [0, 5, 10]
+    assert deepspeed_partition(Profile(layers), 2, "uniform") == [0, 5, 10]
     assert plan.deepspeed_parts == [0, 6, 10]
     assert plan.iteration_s < uniform.iteration_s
 

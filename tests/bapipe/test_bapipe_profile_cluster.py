@@ -15,10 +15,14 @@ def test_profile_of_a_sequential_counts_bytes_exactly(tmp_path):
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
     stack = sequential(model, lambda b: (torch.randn(b, 32), torch.randint(0, 10, (b,))), F.cross_entropy)
     profile = profile_stack(stack, micro_batch=8, repeats=2)
-    assert [l.param_bytes for l in profile.layers] == [(32 * 64 + 64) * 4, 0, (64 * 10 + 10) * 4]
-    assert [l.output_bytes for l in profile.layers] == [8 * 64 * 4, 8 * 64 * 4, 0]  # the last stage sends nothing
+    assert [layer.param_bytes for layer in profile.layers] == [(32 * 64 + 64) * 4, 0, (64 * 10 + 10) * 4]
+    assert [layer.output_bytes for layer in profile.layers] == [
+        8 * 64 * 4,
+        8 * 64 * 4,
+        0,
+    ]  # the last stage sends nothing
     assert profile.layers[0].activation_bytes >= 8 * 32 * 4  # a Linear keeps its input for backward
-    assert all(l.forward_s > 0 and l.backward_s > 0 for l in profile.layers)
+    assert all(layer.forward_s > 0 and layer.backward_s > 0 for layer in profile.layers)
     profile.save(tmp_path / "p.json")
     assert Profile.load(tmp_path / "p.json") == profile
 
