@@ -92,9 +92,9 @@ def overhead(iters=20000):
     rows = {}
     direct = {}
     if "mpi" in rt.backends:
-        MPI = rt.backends["mpi"].MPI
+        mpi = rt.backends["mpi"].MPI
         comm, arr = rt.world.comms["mpi"], x.numpy()
-        direct["mpi"] = lambda: comm.Allreduce(MPI.IN_PLACE, arr, MPI.SUM)
+        direct["mpi"] = lambda: comm.Allreduce(mpi.IN_PLACE, arr, mpi.SUM)
     if "gloo" in rt.backends:
         import torch.distributed as dist
 
@@ -103,7 +103,7 @@ def overhead(iters=20000):
     for name, call in direct.items():
         n_iters = iters if name == "mpi" else iters // 20
         lib = time_call(call, n_iters)
-        via = time_call(lambda: api.all_reduce(x, backend=name), n_iters)
+        via = time_call(lambda name=name: api.all_reduce(x, backend=name), n_iters)
         rows[name] = (lib, via)
     chosen, _ = rt.choose("all_reduce", 4, rt.world, torch.float32, "cpu")
     auto = time_call(lambda: api.all_reduce(x), iters if chosen.name == "mpi" else iters // 20)

@@ -4,6 +4,7 @@
   `dist.init_process_group(backend="mcr")`, DDP, FSDP and TorchRec.
 - `deepspeed`: `install(config)` makes `deepspeed.comm` run on that backend.
 - `torchrec`: sharders that offer row-wise sharding on CPU.
+- `versions`: the torch and DeepSpeed versions the hooks were tested with, and the warning outside them.
 - `bench`: the hooks' per-call overhead (`python -m launch.local -n 2 -m mcr.hooks.bench`).
 """
 

@@ -19,7 +19,7 @@ except TuningTableError as exc:
 
     MPI.COMM_WORLD.Barrier()
     print(f"rank {MPI.COMM_WORLD.Get_rank()} refused: {exc}", flush=True)
-    raise SystemExit(0)
+    raise SystemExit(0) from None
 for nbytes in (1024, 8 << 20):
     backend, chunk = rt.choose("all_reduce", nbytes, rt.world, torch.float32, "cpu")
     print(f"rank {mcr.get_rank()}: all_reduce {nbytes} -> {backend.name} chunk {chunk}", flush=True)
