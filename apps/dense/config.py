@@ -1,0 +1,155 @@
+"""The dense trainer's config schema (typos are errors) and the checks a schema cannot express,
+all made before any process group exists.
+
+Presets live in configs/dense/; `python -m apps.dense --config configs/dense/tiny.yaml parallel.tensor=2`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Optional
+
+from apps.common.checkpoint import CheckpointConfig
+from apps.common.comm import CommConfig, check_comm
+from apps.common.config import ConfigError, check, choice
+from apps.common.data import DataConfig, check_data
+from apps.common.parallel_dims import ParallelDims
+from apps.dense.model import ModelConfig
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@dataclass
+class ParallelConfig:
+    tensor: int = 1  # TP: ranks sharing each layer's weights (adjacent ranks, as Megatron)
+    pipeline: int = 1  # PP: pipeline stages (DeepSpeed's PipelineModule, 1F1B); data parallel fills the rest
+    sequence: bool = False  # sequence parallel: TP all-reduces become reduce-scatter/all-gather pairs
+    partition: str = choice("planner", "uniform", "parameters")  # how the layers are cut into stages
+    profile: Optional[str] = None  # planner: a bapipe profile file to plan from (null: profile the layers now)
+    cluster: str = os.path.join(REPO, "configs", "bapipe", "cpu-2proc.yaml")  # planner: the bapipe cluster file
+
+
+@dataclass
+class TrainConfig:
+    steps: int = 100
+    micro_batch: int = 8  # sequences per data-parallel rank per micro-batch
+    grad_accum: int = 1  # micro-batches per step (with a pipeline: the 1F1B micro-batches)
+    lr: float = 1e-3
+    warmup_steps: int = 10  # linear warm-up, then linear decay to 0 at `steps` (DeepSpeed WarmupDecayLR)
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    zero_stage: int = choice(0, 1, 2)  # 0-1 with a pipeline, 0-2 without
+    precision: str = choice("fp32", "bf16")
+    seed: int = 1234
+    threads: int = 0  # torch threads per rank (0: cores / ranks on this node)
+    stop_after: int = 0  # end this run after N steps (0: run to `steps`); resume=true continues
+
+
+@dataclass
+class DenseConfig:
+    name: str = "dense"  # run directory: <out_dir>/<name>
+    out_dir: str = "runs"
+    resume: bool = False  # continue from <out_dir>/<name>/checkpoints/latest when there is one
+    model: ModelConfig = field(default_factory=ModelConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    comm: CommConfig = field(default_factory=CommConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log_interval: int = 10
+    eval_interval: int = 0  # validation loss every N steps (0: only at the end)
+    eval_iters: int = 4  # validation batches per evaluation
+    progress: bool = True  # a progress bar on rank 0
+    wandb: str = choice("offline", "online", "disabled")
+
+
+def num_pipeline_layers(model: ModelConfig) -> int:
+    return model.n_layer + 2  # embedding, the transformer layers, the head
+
+
+def validate(cfg, world_size: int) -> ParallelDims:
+    """Every check that needs no process group: run before any is created. Returns the degrees."""
+    m, p, t = cfg.model, cfg.parallel, cfg.train
+    dims = ParallelDims(
+        world_size, tp=p.tensor, pp=p.pipeline, keys={"tp": "parallel.tensor", "pp": "parallel.pipeline"}
+    )  # data parallel fills the rest
+    tp, pp = dims.tp, dims.pp
+    check(
+        m.d_model % tp == 0,
+        "model.d_model",
+        f"hidden size {m.d_model} is not divisible by parallel.tensor={tp}; use a multiple of {tp}",
+    )
+    check(
+        m.n_head % tp == 0,
+        "model.n_head",
+        f"{m.n_head} heads are not divisible by parallel.tensor={tp}; each TP rank needs whole heads",
+    )
+    check(m.d_model % m.n_head == 0, "model.d_model", f"{m.d_model} is not divisible by model.n_head={m.n_head}")
+    check(
+        m.vocab_size % tp == 0,
+        "model.vocab_size",
+        f"vocabulary {m.vocab_size} is not divisible by parallel.tensor={tp}; pad it to a multiple of {tp}",
+    )
+    if p.sequence:
+        check(tp > 1, "parallel.sequence", "sequence parallelism needs parallel.tensor > 1")
+        check(
+            m.seq_len % tp == 0,
+            "model.seq_len",
+            f"{m.seq_len} is not divisible by parallel.tensor={tp}, as sequence parallelism needs",
+        )
+    layers = num_pipeline_layers(m)
+    check(
+        pp <= layers,
+        "parallel.pipeline",
+        f"{pp} stages but the model has {layers} pipeline layers (embedding, {m.n_layer} transformer "
+        f"layers, head); use at most {layers} stages or more model.n_layer",
+    )
+    check(
+        pp == 1 or t.zero_stage <= 1,
+        "train.zero_stage",
+        f"ZeRO-{t.zero_stage} does not work with a pipeline (DeepSpeed allows stage 0-1 with parallel.pipeline > 1)",
+    )
+    if pp > 1 and p.partition == "planner":
+        check(
+            p.profile is None or os.path.isfile(p.profile),
+            "parallel.profile",
+            f"no such file {p.profile!r}; give a profile from `python -m bapipe profile`, or null to profile now",
+        )
+        check(os.path.isfile(p.cluster), "parallel.cluster", f"no such file {p.cluster!r}; give a bapipe cluster file")
+        _check_planner_inputs(p, layers, pp * dims.dp)
+    for key in ("steps", "micro_batch", "grad_accum"):
+        check(t[key] >= 1, f"train.{key}", f"must be >= 1, got {t[key]}")
+    check(t.stop_after >= 0, "train.stop_after", f"must be >= 0, got {t.stop_after}")
+    check(cfg.log_interval >= 1, "log_interval", f"must be >= 1, got {cfg.log_interval}")
+    check(cfg.eval_iters >= 1, "eval_iters", f"must be >= 1, got {cfg.eval_iters}")
+    check(cfg.checkpoint.interval >= 0, "checkpoint.interval", f"must be >= 0, got {cfg.checkpoint.interval}")
+    check_data(cfg.data, m.vocab_size)
+    check_comm(cfg.comm)
+    return dims
+
+
+def _check_planner_inputs(p, layers: int, devices: int) -> None:
+    """The planner's profile must describe this model, and its cluster hold every stage replica."""
+    from bapipe.cluster import Cluster
+    from bapipe.profile import Profile
+
+    try:
+        cluster = Cluster.load(p.cluster)
+    except ValueError as exc:
+        raise ConfigError(f"bad value for config key 'parallel.cluster': {exc}") from None
+    try:
+        profile = Profile.load(p.profile) if p.profile else None
+    except ValueError as exc:
+        raise ConfigError(f"bad value for config key 'parallel.profile': {exc}") from None
+    check(
+        cluster.size >= devices,
+        "parallel.cluster",
+        f"cluster {cluster.name} has {cluster.size} devices; the planner needs one per stage replica "
+        f"(pipeline x data = {devices}); describe a larger cluster or use parallel.partition=uniform",
+    )
+    check(
+        profile is None or profile.num_layers == layers,
+        "parallel.profile",
+        f"{p.profile} profiles {profile and profile.num_layers} layers, this model has {layers} pipeline layers",
+    )

@@ -1,0 +1,269 @@
+"""Train a Megatron-style GPT: tensor parallel inside each layer, DeepSpeed's pipeline across
+layers, data parallel (and ZeRO) across model replicas; every collective through the mcr runtime.
+
+    python -m launch.local -n 2 -m apps.dense --config configs/dense/default.yaml [key=value ...]
+
+Read top to bottom: config (all checks before any process group) -> communication and the
+tensor/pipeline/data-parallel groups -> model (this rank's pipeline stage, its tensor-parallel
+slice) -> DeepSpeed engine -> resume -> training loop with metrics, validation and checkpoints
+-> communication table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import torch
+
+from apps.common.checkpoint import latest_tag, mark_latest, step_of, tag_for
+from apps.common.comm import comm_seconds, finalize_comm, setup_deepspeed_comm
+from apps.common.config import load_config, save_resolved, to_dict, write_atomic
+from apps.common.data import TokenBatches
+from apps.common.metrics import LM_FIELDS, Meter, MetricsLog, summary_line, write_summary
+from apps.common.seed import seed_step
+from apps.dense.config import DenseConfig, validate
+from apps.dense.model import GPT, TensorParallel, count_params, layer_specs, lm_loss
+from apps.dense.partition import plan_parts
+from mcr.env import discover
+
+
+def deepspeed_config(cfg) -> dict:
+    t = cfg.train
+    return {
+        "train_micro_batch_size_per_gpu": t.micro_batch,
+        "gradient_accumulation_steps": t.grad_accum,
+        "gradient_clipping": t.grad_clip,
+        "optimizer": {"type": "Adam", "params": {"lr": t.lr, "betas": [0.9, 0.95], "weight_decay": t.weight_decay}},
+        "scheduler": {
+            "type": "WarmupDecayLR",
+            "params": {
+                "warmup_min_lr": 0.0,
+                "warmup_max_lr": t.lr,
+                "warmup_num_steps": t.warmup_steps,
+                "total_num_steps": t.steps,
+                "warmup_type": "linear",
+            },
+        },
+        "zero_optimization": {"stage": t.zero_stage},
+        "bf16": {"enabled": t.precision == "bf16"},
+        # DeepSpeed may send 1/TP of an activation between stages and all-gather it over TP on
+        # arrival: right for activations every TP rank holds whole, wrong for sequence-parallel
+        # ones (each TP rank holds a different slice of the sequence).
+        "pipeline": {
+            "activation_checkpoint_interval": 0,
+            "pipe_partitioned": not cfg.parallel.sequence,
+            "grad_partitioned": not cfg.parallel.sequence,
+        },
+        "steps_per_print": 10**9,  # we print our own line
+    }
+
+
+def stage_boundaries(cfg, dims, rank, run_dir, resuming, dist):
+    """DeepSpeed `parts` (a list) or method name for `parallel.partition`; with the planner, rank
+    0 profiles and plans (or, resuming, reuses the saved stages) and every rank gets the result."""
+    saved = os.path.join(run_dir, "partition.json")
+    if cfg.parallel.partition != "planner":
+        return cfg.parallel.partition, None
+    parts, plan = torch.zeros(dims.pp + 1, dtype=torch.long), None
+    if rank == 0:
+        if resuming and os.path.isfile(saved):  # the checkpoint's optimizer state fits those stages
+            with open(saved) as f:
+                previous = json.load(f)
+            found, plan = previous["parts"], previous["plan"]
+        else:
+            found, plan = plan_parts(cfg, dims.pp, dims.dp, os.path.join(run_dir, "profile.json"))
+        parts = torch.tensor(found)
+    dist.broadcast(parts, 0)
+    return parts.tolist(), plan
+
+
+def mark_replicated_params(model, tp_rank):
+    """DeepSpeed's gradient norm counts a parameter that is not TP-sliced only on rank 0 of the
+    pipe x tensor group, i.e. only stage 0's; marking the replicated ones `model_parallel` on
+    every stage's TP rank 0 counts each exactly once, so clipping matches one rank's."""
+    for param in model.parameters():
+        if not getattr(param, "tensor_model_parallel", False):
+            param.model_parallel = tp_rank == 0
+
+
+def banner(cfg, dims, engine, params, parts, start, end, run_dir) -> str:
+    """The run's first line on rank 0: what runs where."""
+    t, p = cfg.train, cfg.parallel
+    tuning = f" tuned by {cfg.comm.tuning}" if cfg.comm.tuning else ""
+    return (
+        f"dense: {dims.world_size} ranks = {dims}{' (sequence parallel)' if p.sequence else ''}, "
+        f"{engine.__class__.__name__} ZeRO-{t.zero_stage} {t.precision}, comm mcr {cfg.comm.backend}{tuning}; "
+        f"{cfg.model.n_layer} layers, {params / 1e6:.2f}M params in rank 0's stage"
+        + (f"; stages {parts} ({p.partition})" if dims.pp_enabled else "")
+        + f"; {'resuming at step ' + str(start) if start else 'starting'} -> {end}; run dir {run_dir}"
+    )
+
+
+def main(argv=None) -> dict:
+    # 1. Config: every check that needs no process group happens here.
+    cfg = load_config(DenseConfig, sys.argv[1:] if argv is None else argv)
+    launch = discover()
+    dims = validate(cfg, launch.world_size)  # tensor x pipeline, data parallel fills the rest
+    run_dir = os.path.join(cfg.out_dir, cfg.name)
+    ckpt_dir = os.path.join(run_dir, "checkpoints")
+    torch.set_num_threads(cfg.train.threads or max(1, (os.cpu_count() or 1) // launch.local_world_size))
+
+    # 2. Communication: DeepSpeed's comm layer on the mcr runtime (mcr.hooks.deepspeed), then this
+    #    rank's mcr groups. The layers' TP collectives call the runtime on groups.tp; DeepSpeed's
+    #    topology (pipe, data, tensor; TP ranks adjacent) gives its own groups the same ranks.
+    setup_deepspeed_comm(cfg.comm, comm_log_json=os.path.join(run_dir, "comm_log.json"))
+    import deepspeed
+    import deepspeed.comm as dist
+    from deepspeed.pipe import LayerSpec
+    from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    groups = dims.build_groups(rank)
+    topology = PipeModelDataParallelTopology(num_pp=dims.pp, num_mp=dims.tp, num_dp=dims.dp)
+    resuming = cfg.resume and latest_tag(ckpt_dir) is not None
+    if rank == 0:
+        os.makedirs(run_dir, exist_ok=True)
+        save_resolved(cfg, os.path.join(run_dir, "config.yaml"))
+
+    # 3. Model: each layer draws its weights from its own seed, so every rank builds exactly its
+    #    slice of the same model, whatever the degrees. A pipeline builds only this stage's layers.
+    tensor_parallel = TensorParallel(groups.tp, cfg.parallel.sequence)
+    specs = layer_specs(cfg.model, tensor_parallel, cfg.train.seed)
+    parts, plan, mpu = None, None, None
+    if dims.pp_enabled:
+        from bapipe.pipeline_run import planned_pipeline_module
+
+        parts, plan = stage_boundaries(cfg, dims, rank, run_dir, resuming, dist)
+        model = planned_pipeline_module(
+            [LayerSpec(cls, *args) for cls, args in specs],
+            parts,
+            topology=topology,
+            loss_fn=lambda logits, targets: lm_loss(logits, targets, groups.tp),
+        )
+        parts = [int(v) for v in model.parts]  # what DeepSpeed built
+    else:
+        model, mpu = GPT(cfg.model, tensor_parallel, cfg.train.seed), PipelineParallelGrid(topology)
+    mark_replicated_params(model, groups.coords.tp)
+    held = sorted({int(name.split(".")[0]) for name, _ in model.named_parameters()})  # "<layer>.<name>"
+
+    # 4. DeepSpeed engine: the pipeline engine (1F1B, train_batch) for a PipelineModule, the plain
+    #    one otherwise; both take their data-parallel and tensor groups from the topology.
+    engine, _, _, _ = deepspeed.initialize(
+        model=model, model_parameters=list(model.parameters()), config=deepspeed_config(cfg), mpu=mpu
+    )
+    device = engine.device
+
+    # 5. Resume from the latest complete checkpoint (each rank loads its TP/PP shard).
+    start = 0
+    tag = latest_tag(ckpt_dir) if cfg.resume else None
+    if tag is not None:
+        engine.load_checkpoint(ckpt_dir, tag=tag)
+        start = step_of(tag)
+    end = min(cfg.train.steps, start + cfg.train.stop_after) if cfg.train.stop_after else cfg.train.steps
+
+    # 6. Data (each data-parallel replica reads its own batches, its TP and PP ranks the same
+    #    ones), metrics, and where this rank's layers are.
+    t, replica = cfg.train, groups.coords.dp
+    data = TokenBatches(cfg.data, cfg.model.vocab_size, cfg.model.seq_len, t.micro_batch, t.seed, replica)
+    samples_per_step = t.micro_batch * t.grad_accum * dims.dp
+    warmup = max(1, (end - start) // 10)  # the first steps warm up; the summary skips them
+    meter = Meter(warmup, tokens=samples_per_step * cfg.model.seq_len, samples=samples_per_step)
+    log = MetricsLog(
+        run_dir,
+        rank,
+        t.steps,
+        wandb_mode=cfg.wandb,
+        run_name=cfg.name,
+        config=to_dict(cfg),
+        resume=start > 0,
+        progress=cfg.progress,
+        start_step=start,
+        fields=LM_FIELDS,
+    )
+    c = groups.coords
+    placement = {"rank": rank, "stage": c.pp, "data": c.dp, "tensor": c.tp, "layers": held}
+    write_atomic(os.path.join(run_dir, "placement", f"rank{rank}.json"), json.dumps(placement))
+    if rank == 0 and dims.pp_enabled:
+        partition = {"method": cfg.parallel.partition, "parts": parts, "plan": plan}
+        write_atomic(os.path.join(run_dir, "partition.json"), json.dumps(partition, indent=1))
+    log.print(banner(cfg, dims, engine, count_params(model, dims.tp), parts, start, end, run_dir))
+
+    def all_ranks_mean(values):
+        buf = torch.tensor(values, dtype=torch.float64)
+        dist.all_reduce(buf)
+        return (buf / world).tolist()
+
+    def batches(first, count, split="train"):
+        return [tuple(v.to(device) for v in data.get(first + i, split)) for i in range(count)]
+
+    def train_step(step):
+        """One optimizer step over grad_accum micro-batches; returns their mean loss."""
+        micro = batches((step - 1) * t.grad_accum, t.grad_accum)
+        if dims.pp_enabled:  # 1F1B over the micro-batches; the loss arrives on every stage
+            return engine.train_batch(iter(micro)).item()
+        total = 0.0
+        for x, y in micro:
+            loss = lm_loss(engine(x), y, groups.tp)
+            engine.backward(loss)
+            engine.step()
+            total += loss.item() / t.grad_accum
+        return total
+
+    def evaluate():
+        val = batches(0, cfg.eval_iters, "val")
+        if dims.pp_enabled:
+            loss = engine.eval_batch(iter(val), num_micro_batches=len(val)).item()
+        else:
+            engine.eval()
+            with torch.no_grad():
+                loss = sum(lm_loss(engine(x), y, groups.tp).item() for x, y in val) / len(val)
+            engine.train()
+        return all_ranks_mean([loss])[0]  # TP and PP ranks agree; the mean is over replicas
+
+    def save_checkpoint(step):
+        engine.save_checkpoint(ckpt_dir, tag=tag_for(step), client_state={"step": step}, save_latest=False)
+        if rank == 0:  # save_checkpoint ends with a barrier: every rank's shard is complete
+            mark_latest(ckpt_dir, tag_for(step), keep=cfg.checkpoint.keep)
+
+    # 7. Training loop.
+    loss_sum, seen = 0.0, 0
+    started = time.perf_counter()
+    for step in range(start + 1, end + 1):
+        seed_step(t.seed, step, replica)  # the TP and PP ranks of a replica draw alike
+        comm0, t0 = comm_seconds(), time.perf_counter()
+        loss_sum += train_step(step)
+        seconds = time.perf_counter() - t0
+        comm = None if comm0 is None else comm_seconds() - comm0
+        meter.step(seconds, comm)
+        seen += 1
+        log.advance()
+
+        if step % cfg.log_interval == 0 or step == end:
+            values = {"loss": all_ranks_mean([loss_sum / seen])[0], **meter.interval(), "lr": engine.get_lr()[0]}
+            if (cfg.eval_interval and step % cfg.eval_interval == 0) or step == cfg.train.steps:
+                values["val_loss"] = evaluate()
+            log.write(step, **values)
+            loss_sum, seen = 0.0, 0
+        if cfg.checkpoint.enabled and (
+            (cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0) or step == end
+        ):
+            save_checkpoint(step)
+
+    # 8. Summary, the communication table, shutdown.
+    summary = meter.summary(
+        steps=end - start,
+        world_size=world,
+        parallel=str(dims),
+        comm_backend=to_dict(cfg.comm)["backend"],
+        wall_s=time.perf_counter() - started,
+    )
+    log.print(summary_line(summary))
+    if rank == 0:
+        write_summary(run_dir, summary)
+    log.close()
+    dist.barrier()
+    finalize_comm()
+    return summary
