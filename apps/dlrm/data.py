@@ -32,6 +32,7 @@ from torchrec.datasets.utils import Batch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from apps.common.config import ConfigError, check, choice
+from apps.common.seed import batch_generator
 
 TSV_COLUMNS = 1 + INT_FEATURE_COUNT + CAT_FEATURE_COUNT  # label, 13 ints, 26 hex categories
 
@@ -67,10 +68,6 @@ class SyntheticCriteo:
         self.dense_weight = torch.randn(INT_FEATURE_COUNT, generator=g) * 0.5
         self.scatter = [_coprime(int(torch.randint(1, 2**31 - 1, (1,), generator=g)), n) for n in num_embeddings]
 
-    def _generator(self, step: int, split: str) -> torch.Generator:
-        split_id = 0 if split == "train" else 1
-        return torch.Generator().manual_seed(((self.seed * 1_000_003 + step) * 4099 + self.rank) * 2 + split_id)
-
     def _ids(self, n: int, rows: int, salt: int, g: torch.Generator) -> torch.Tensor:
         u = torch.rand(n, generator=g, dtype=torch.float64)
         # inverse-CDF draw from a continuous power law on [1, rows + 1): popular ids are small ranks
@@ -84,7 +81,7 @@ class SyntheticCriteo:
         return h.double() / 32760.5 - 1.0
 
     def get(self, step: int, split: str = "train") -> Batch:
-        g = self._generator(step, split)
+        g = batch_generator(self.seed, step, self.rank, split)
         b, k = self.batch_size, self.cfg.ids_per_feature
         dense = torch.randn(b, INT_FEATURE_COUNT, generator=g)
         lengths = torch.randint(1, k + 1, (CAT_FEATURE_COUNT, b), generator=g) if k > 1 else None

@@ -15,7 +15,6 @@ from __future__ import annotations
 import itertools
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -34,14 +33,23 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
 from apps.common.checkpoint import latest_tag, mark_latest, step_of, tag_for
-from apps.common.comm import comm_seconds, finalize_comm, runtime_config
+from apps.common.comm import comm_seconds, finalize_comm, setup_torch_comm
 from apps.common.config import ConfigError, load_config, save_resolved, to_dict, write_atomic
-from apps.common.metrics import Meter, MetricsLog
+from apps.common.metrics import STEP_TIME, UNIT_TEXT, Meter, MetricsLog, summary_line, write_summary
 from apps.dlrm.config import DLRMConfig, sharding_types, validate
 from apps.dlrm.data import make_data
 from apps.dlrm.model import build_model, init_tables, table_rows
 from mcr.env import discover
 from mcr.hooks.torchrec import cpu_sharders
+
+# The step line: `step 20/40 | loss 0.5712 | val 0.5801 | auc 0.7113 | 1,234 samples/s | step 830.2 ms (...)`
+DLRM_FIELDS = (
+    ("loss", "loss {:.4f}"),
+    ("val_loss", "val {:.4f}"),
+    ("auc", "auc {:.4f}"),
+    ("samples_per_s", UNIT_TEXT["samples_per_s"]),
+    STEP_TIME,
+)
 
 
 def plan_sharding(cfg, model, sharders, launch, device):
@@ -142,9 +150,7 @@ def main(argv=None) -> dict:
     # 4. Communication: torch.distributed's default group on backend "mcr" (the runtime picks
     #    gloo, MPI or NCCL per call). Rank 0's plan is the one every rank uses, as TorchRec's
     #    collective_plan does.
-    from mcr.hooks import torch_backend
-
-    torch_backend.init_process_group(runtime_config(cfg.comm, os.path.join(run_dir, "comm_log.json")))
+    setup_torch_comm(cfg.comm, comm_log_json=os.path.join(run_dir, "comm_log.json"))
     rank, world = dist.get_rank(), dist.get_world_size()
     shared = [plan]
     dist.broadcast_object_list(shared, src=0)
@@ -188,7 +194,8 @@ def main(argv=None) -> dict:
     # 8. Data, metrics, the pipeline. TrainPipelineSparseDist starts batch i+1's input
     #    all-to-all while batch i computes; on CPU it runs without CUDA streams.
     data = make_data(cfg.data, table_rows(cfg.model), t.batch_size, t.seed, rank, world)
-    meter = Meter(tokens_per_step=0, samples_per_step=t.batch_size * world)
+    warmup = max(1, (end - start) // 10)  # the first steps warm up; the summary skips them
+    meter = Meter(warmup, samples=t.batch_size * world)
     log = MetricsLog(
         run_dir,
         rank,
@@ -199,6 +206,7 @@ def main(argv=None) -> dict:
         resume=start > 0,
         progress=cfg.progress,
         start_step=start,
+        fields=DLRM_FIELDS,
     )
     kinds = sorted({p["sharding_type"] for p in applied.values()})
     log.print(
@@ -252,8 +260,6 @@ def main(argv=None) -> dict:
     # 9. Training loop.
     batches = data.batches("train", start)
     loss_sum, seen = 0.0, 0
-    step_times, step_comm = [], []
-    first_timed = start + max(1, (end - start) // 10)  # the first steps warm up; the summary skips them
     started = time.perf_counter()
     for step in range(start + 1, end + 1):
         comm0, t0 = comm_seconds(), time.perf_counter()
@@ -262,9 +268,6 @@ def main(argv=None) -> dict:
         seconds = time.perf_counter() - t0
         comm = None if comm0 is None else comm_seconds() - comm0
         meter.step(seconds, comm)
-        if step >= first_timed:
-            step_times.append(seconds)
-            step_comm.append(comm)
         seen += 1
         log.advance()
 
@@ -280,25 +283,16 @@ def main(argv=None) -> dict:
             save_checkpoint(step)
 
     # 10. Summary, the communication table, shutdown.
-    median = statistics.median(step_times) if step_times else float("nan")
-    comms = [c for c in step_comm if c is not None]
-    summary = {
-        "steps": end - start,
-        "world_size": world,
-        "comm_backend": to_dict(cfg.comm)["backend"],
-        "wall_s": time.perf_counter() - started,
-        "median_step_ms": median * 1e3,
-        "samples_per_s": meter.samples_per_step / median,
-        "comm_ms": statistics.median(comms) * 1e3 if comms else None,
-        "sharding": kinds,
-    }
-    log.print(
-        f"done: {summary['steps']} steps in {summary['wall_s']:.1f} s; median step {summary['median_step_ms']:.1f} ms, "
-        f"{summary['samples_per_s']:,.0f} samples/s"
-        + (f", comm {summary['comm_ms']:.1f} ms/step" if summary["comm_ms"] is not None else "")
+    summary = meter.summary(
+        steps=end - start,
+        world_size=world,
+        comm_backend=to_dict(cfg.comm)["backend"],
+        wall_s=time.perf_counter() - started,
+        sharding=kinds,
     )
+    log.print(summary_line(summary))
     if rank == 0:
-        write_atomic(os.path.join(run_dir, "summary.json"), json.dumps(summary, indent=1))
+        write_summary(run_dir, summary)
     log.close()
     dist.barrier()
     finalize_comm()
