@@ -8,7 +8,7 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export WANDB_MODE ?= offline
 
-.PHONY: setup run test lint bench tune compare clean
+.PHONY: setup run test lint bench tune compare clean slurm-deps
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,14 @@ compare: setup
 
 tune: setup
 	$(PY) -m launch.local -n 2 -m mcr.tune --out runs/tuning/table.yaml
+
+# The real single-node SLURM that tests/launch starts (Debian packages; run as root, as CI does),
+# shellcheck for the job scripts, and the libpmix.so link srun's pmix plugin dlopens.
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge libpmix2 shellcheck
+slurm-deps:
+	command -v slurmctld >/dev/null && command -v shellcheck >/dev/null || \
+		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(SLURM_PACKAGES); }
+	for lib in /usr/lib/*/pmix2/lib/libpmix.so.2; do test -e $${lib%.2} || ln -s libpmix.so.2 $${lib%.2}; done
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

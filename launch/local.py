@@ -13,7 +13,11 @@ import shutil
 import subprocess
 import sys
 
-from mcr.backends.mpi import MPI_LAUNCH_DEFAULTS
+# Open MPI busy-polls inside blocking calls; on a machine with as many ranks as cores that
+# starves gloo's and the trainer's threads. Yielding when idle must be set before MPI_Init reads
+# it: the launchers here and the job scripts export it, and mcr's MPI backend sets it as a default.
+# (Defined here, not in mcr, so that launching imports neither torch nor mpi4py.)
+MPI_LAUNCH_DEFAULTS = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
 def mpiexec_command(nprocs: int, target: list[str]) -> list[str]:

@@ -27,7 +27,7 @@ class TrainConfig:
     zero_stage: int = choice(0, 1, 2)
     precision: str = choice("fp32", "bf16")
     seed: int = 1234
-    threads: int = 0  # torch threads per rank (0: cores / ranks on this node)
+    threads: int = 0  # torch threads per rank (0: the job's CPUs per task, else cores / ranks on this node)
     stop_after: int = (
         0  # end this run after N steps (0: run to `steps`), e.g. for a job time limit; resume=true continues
     )

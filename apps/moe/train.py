@@ -23,7 +23,7 @@ from apps.common.metrics import LM_FIELDS, Meter, MetricsLog, summary_line, writ
 from apps.common.seed import seed_step
 from apps.moe.config import MoEConfig, validate
 from apps.moe.model import GPTMoE, count_params, lm_loss
-from mcr.env import discover
+from mcr.env import discover, threads_per_rank
 
 
 def deepspeed_config(cfg) -> dict:
@@ -70,7 +70,7 @@ def main(argv=None) -> dict:
     dims = validate(cfg, launch.world_size)  # data parallel over all ranks, experts spread ep-wide
     run_dir = os.path.join(cfg.out_dir, cfg.name)
     ckpt_dir = os.path.join(run_dir, "checkpoints")
-    torch.set_num_threads(cfg.train.threads or max(1, (os.cpu_count() or 1) // launch.local_world_size))
+    torch.set_num_threads(cfg.train.threads or threads_per_rank(launch.local_world_size))
 
     # 2. Communication: DeepSpeed's comm layer on the mcr runtime (mcr.hooks.deepspeed).
     setup_deepspeed_comm(cfg.comm, comm_log_json=os.path.join(run_dir, "comm_log.json"))

@@ -14,12 +14,11 @@ import os
 
 import torch
 
+from launch.local import MPI_LAUNCH_DEFAULTS  # yield when idle; see there
+
+from ..env import mpi_plugin_hint
 from ..handle import from_mpi_request
 from .base import Backend, BackendUnavailable
-
-# Open MPI busy-polls inside blocking calls; on a machine with as many ranks as cores that
-# starves gloo's and the trainer's threads. Yielding when idle is set before MPI_Init reads it.
-MPI_LAUNCH_DEFAULTS = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
 def _load_mpi(launch_info):
@@ -43,7 +42,7 @@ def _load_mpi(launch_info):
     if size != launch_info.world_size:
         raise BackendUnavailable(
             f"the MPI world has {size} ranks but the launcher says {launch_info.world_size}; "
-            "this process was not started by the MPI launcher of this job"
+            "this process was not started by the MPI launcher of this job" + mpi_plugin_hint()
         )
     return MPI
 

@@ -1,0 +1,7 @@
+"""`python -m launch submit|script|sweep ...`: see launch/cli.py."""
+
+import sys
+
+from launch.cli import main
+
+sys.exit(main())

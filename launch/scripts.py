@@ -1,0 +1,171 @@
+"""Batch job scripts for SLURM (sbatch + srun), LSF (bsub + jsrun), PBS Pro (qsub + mpiexec) and
+Cobalt (qsub + mpirun with the node file).
+
+Every script: cds to the project, sets up the environment (the system's preamble, or the venv
+of the Python that wrote it), runs the ranks under the MPI launcher (so MPI has a world) and
+exports what the trainers read: LOCAL_WORLD_SIZE, MASTER_ADDR, a MASTER_PORT derived from the
+job id (two jobs on one node never share it), thread counts from the CPUs per task, wandb
+offline. Each job builds DeepSpeed's ops in its own TORCH_EXTENSIONS_DIR (seeded from a
+pre-built cache when the system names one), so a job killed mid-build leaves its lock only
+there and cannot hang later jobs. Logs and the trainer's run dir (named with the job id) go
+under the job dir.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from dataclasses import dataclass
+
+from launch.local import MPI_LAUNCH_DEFAULTS
+from launch.systems import REPO, System, walltime
+
+
+@dataclass
+class Job:
+    system: System
+    nodes: int
+    seconds: int  # wall time
+    job_dir: str  # absolute: the script, the scheduler's log and the run dir live here
+    name: str
+    app: str  # apps.<app> is the module run on every rank
+    args: list  # the trainer's arguments (preset, key=value overrides)
+    module: str = ""  # what every rank runs with python -m (default apps.<app>)
+
+    @property
+    def ranks(self) -> int:
+        return self.nodes * self.system.ranks_per_node
+
+    @property
+    def script_path(self) -> str:
+        return os.path.join(self.job_dir, "job.sh")
+
+
+# Per scheduler: the directive prefix, the job id variable, the scheduler's log, the first node.
+JOB_ID = {
+    "slurm": "$SLURM_JOB_ID",
+    "lsf": "$LSB_JOBID",
+    "pbs": "${PBS_JOBID%%.*}",  # 1234.pbs-server -> 1234
+    "cobalt": "$COBALT_JOBID",
+}
+FIRST_NODE = {
+    "slurm": 'scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1',
+    "lsf": 'sed -n 2p "$LSB_DJOB_HOSTFILE"',  # line 1 is the launch node, which runs no ranks
+    "pbs": 'head -n 1 "$PBS_NODEFILE"',
+    "cobalt": 'head -n 1 "$COBALT_NODEFILE"',
+}
+# Where the scheduler writes the job's own output (%j / %J: the job id where it substitutes one).
+SCHEDULER_LOG = {"slurm": "job-%j.out", "lsf": "job-%J.out", "pbs": "job.out", "cobalt": "job"}
+
+
+def _directives(job: Job) -> list[str]:
+    s, log = job.system, os.path.join(job.job_dir, SCHEDULER_LOG[job.system.scheduler])
+    time = walltime(s.scheduler, job.seconds)
+    if s.scheduler == "slurm":
+        lines = [
+            f"--job-name={job.name}",
+            f"--nodes={job.nodes}",
+            f"--ntasks-per-node={s.ranks_per_node}",
+            f"--cpus-per-task={s.cpus_per_task}",
+            f"--time={time}",
+            f"--output={log}",
+        ]
+        lines += [f"--gpus-per-node={s.gpus_per_node}"] if s.gpus_per_node else []
+        lines += [f"--account={s.account}"] if s.account else []
+        lines += [f"--partition={s.queue}"] if s.queue else []
+    elif s.scheduler == "lsf":
+        lines = [f"-J {job.name}", f"-nnodes {job.nodes}", f"-W {time}", f"-o {log}"]
+        lines += [f"-G {s.account}"] if s.account else []
+        lines += [f"-q {s.queue}"] if s.queue else []
+    elif s.scheduler == "pbs":
+        select = f"select={job.nodes}{s.node_resources}"
+        lines = [f"-N {job.name}", f"-l {select}", f"-l walltime={time}", f"-A {s.account}", f"-o {log}", "-j oe"]
+        lines += [f"-q {s.queue}"] if s.queue else []
+    else:  # cobalt
+        lines = [f"-n {job.nodes}", f"-t {time}", f"-A {s.account}", f"-O {log}"]
+        lines += [f"-q {s.queue}"] if s.queue else []
+    prefix = {"slurm": "#SBATCH", "lsf": "#BSUB", "pbs": "#PBS", "cobalt": "#COBALT"}[s.scheduler]
+    return [f"{prefix} {line}" for line in lines + list(s.directives)]
+
+
+def _exports(job: Job) -> dict[str, str]:
+    s = job.system
+    env = {
+        "LOCAL_WORLD_SIZE": str(s.ranks_per_node),
+        "MASTER_ADDR": f"$({FIRST_NODE[s.scheduler]})",
+        "MASTER_PORT": "$((20000 + JOB_ID % 20000))",
+        "WANDB_MODE": "${WANDB_MODE:-offline}",
+        "OMP_NUM_THREADS": str(s.cpus_per_task),
+        "MKL_NUM_THREADS": str(s.cpus_per_task),
+        "TORCH_EXTENSIONS_DIR": "$RUN_DIR/torch_extensions",
+        **MPI_LAUNCH_DEFAULTS,
+    }
+    return {**env, **{key: shlex.quote(value) for key, value in s.env.items()}}
+
+
+def _launcher(job: Job, exported: list[str]) -> str:
+    s = job.system
+    if s.scheduler == "slurm":
+        words = ["srun", f"--mpi={s.srun_mpi}", "--kill-on-bad-exit=1", f"--cpus-per-task={s.cpus_per_task}"]
+    elif s.scheduler == "lsf":
+        words = [
+            "jsrun",
+            f"--nrs {job.nodes} --rs_per_host 1 --tasks_per_rs {s.ranks_per_node}",
+            f"--cpu_per_rs {s.ranks_per_node * s.cpus_per_task} --gpu_per_rs {s.gpus_per_node}",
+            f"--bind packed:{s.cpus_per_task}",
+        ]
+    elif s.scheduler == "pbs":
+        words = ["mpiexec", f"-n {job.ranks} --ppn {s.ranks_per_node} --depth {s.cpus_per_task} --cpu-bind depth"]
+    else:  # cobalt: Open MPI's mpirun forwards only the variables named with -x to other nodes
+        forward = " ".join(f"-x {key}" for key in ["PATH", "LD_LIBRARY_PATH", *exported])
+        words = ["mpirun", f'-np {job.ranks} -npernode {s.ranks_per_node} --hostfile "$COBALT_NODEFILE" {forward}']
+    return " ".join(words + ([s.launcher_args] if s.launcher_args else []))
+
+
+def job_script(job: Job) -> str:
+    s = job.system
+    exports = _exports(job)
+    python = "python" if s.preamble else sys.executable
+    setup = list(s.preamble) or [f"export PATH={shlex.quote(os.path.dirname(sys.executable))}:$PATH"]
+    if s.scheduler == "cobalt":
+        setup.append('export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"')  # forwarded by -x, so it must exist
+    seed_cache = []
+    if s.torch_extensions_cache:
+        cache = shlex.quote(s.torch_extensions_cache)
+        seed_cache = [
+            "# this job's own copy of the pre-built ops: a job killed while loading them locks only its copy",
+            f'mkdir -p "$TORCH_EXTENSIONS_DIR" && cp -a {cache}/. "$TORCH_EXTENSIONS_DIR"/',
+            'find "$TORCH_EXTENSIONS_DIR" -name lock -delete',
+        ]
+    module = job.module or f"apps.{job.app}"
+    trainer = [python, "-m", module, *job.args]
+    lines = [
+        "#!/bin/bash",
+        *_directives(job),
+        f"# {job.ranks} ranks ({job.nodes} nodes x {s.ranks_per_node}) of {module} on {s.name};"
+        " written by `python -m launch`",
+        "set -eo pipefail",
+        f"JOB_ID={JOB_ID[s.scheduler]}",
+        f"JOB_DIR={shlex.quote(job.job_dir)}",
+        f'RUN_DIR="$JOB_DIR/{job.app}-$JOB_ID"',
+        f"cd {shlex.quote(REPO)}",
+        *setup,
+        *(f"{key}={value}" for key, value in exports.items()),
+        f"export {' '.join(exports)}",
+        *seed_cache,
+        'mkdir -p "$RUN_DIR"',
+        f'echo "job $JOB_ID: {job.ranks} ranks of {module} on {s.name}; master $MASTER_ADDR:$MASTER_PORT;'
+        ' run dir $RUN_DIR"',
+        f'{_launcher(job, list(exports))} {shlex.join(trainer)} out_dir="$JOB_DIR" name="{job.app}-$JOB_ID"',
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def write_script(job: Job) -> str:
+    os.makedirs(job.job_dir, exist_ok=True)
+    with open(job.script_path, "w") as f:
+        f.write(job_script(job))
+    os.chmod(job.script_path, 0o755)  # Cobalt runs only executable scripts
+    return job.script_path

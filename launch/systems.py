@@ -1,0 +1,92 @@
+"""System descriptions (configs/systems/*.yaml): scheduler, account, queue, ranks and CPUs per node.
+
+    system = load_system("local", account="proj1")          # a name in configs/systems/ or a path
+
+The schema is an omegaconf structured config read by apps.common.config, so an unknown key or a
+bad value is a ConfigError naming the key and what it accepts. Wall times come in one format,
+h:mm:ss, and `walltime()` writes each scheduler's own form.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+
+from omegaconf import OmegaConf
+
+from apps.common.config import ConfigError, check, choice, load_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SYSTEMS_DIR = os.path.join(REPO, "configs", "systems")
+
+
+@dataclass
+class System:
+    name: str = ""  # empty: the file's name
+    scheduler: str = choice("slurm", "lsf", "pbs", "cobalt")
+    account: str = ""  # SLURM --account, LSF -G (bank), PBS/Cobalt -A (project; required there)
+    queue: str = ""  # SLURM --partition, LSF/PBS/Cobalt -q; empty: the scheduler's default
+    ranks_per_node: int = 1  # tasks per node: one per GPU on GPU systems, any number on CPU nodes
+    gpus_per_node: int = 0  # GPUs to request per node (0: none requested)
+    cpus_per_task: int = 1  # cores per rank; also each rank's thread count
+    srun_mpi: str = choice("pmix", "pmi2", "none")  # `srun --mpi=`: pmix for Open MPI 5, pmi2 for MPICH/MVAPICH
+    launcher_args: str = ""  # added to srun/jsrun/mpirun/mpiexec, e.g. jsrun --smpiargs="-gpu" with a CUDA-hooked MPI
+    node_resources: str = ""  # PBS: appended to `-l select=N`, e.g. ":system=polaris"
+    directives: list = field(default_factory=list)  # extra scheduler lines, e.g. ["-l filesystems=home:eagle"]
+    preamble: list = field(default_factory=list)  # shell lines: module loads, venv/conda activation
+    env: dict = field(default_factory=dict)  # variables exported before the ranks start
+    torch_extensions_cache: str = ""  # pre-built DeepSpeed ops, copied into each job's own TORCH_EXTENSIONS_DIR
+
+
+def system_path(name_or_path: str) -> str:
+    if os.path.isfile(name_or_path):
+        return name_or_path
+    path = os.path.join(SYSTEMS_DIR, f"{name_or_path}.yaml")
+    if os.path.isfile(path):
+        return path
+    known = sorted(f[: -len(".yaml")] for f in os.listdir(SYSTEMS_DIR) if f.endswith(".yaml"))
+    raise ConfigError(f"--system: no file {name_or_path!r} and no system of that name; known: {', '.join(known)}")
+
+
+def load_system(name_or_path: str, **overrides) -> System:
+    """Read a system file; `overrides` (account=..., queue=...) replace its values when not None."""
+    path = system_path(name_or_path)
+    dotlist = [f"{key}={value}" for key, value in overrides.items() if value is not None]
+    cfg = load_config(System, ["--config", path, *dotlist])
+    check(cfg.ranks_per_node >= 1, "ranks_per_node", f"must be >= 1, got {cfg.ranks_per_node} (in {path})")
+    check(cfg.gpus_per_node >= 0, "gpus_per_node", f"must be >= 0, got {cfg.gpus_per_node} (in {path})")
+    check(cfg.cpus_per_task >= 1, "cpus_per_task", f"must be >= 1, got {cfg.cpus_per_task} (in {path})")
+    if cfg.scheduler in ("pbs", "cobalt") and not cfg.account:
+        raise ConfigError(
+            f"system {cfg.name or path!r}: {cfg.scheduler} jobs need a project to charge; "
+            "give --account PROJECT or set account: in the system file"
+        )
+    system = OmegaConf.to_object(cfg)
+    system.env = {str(key): str(value) for key, value in system.env.items()}
+    system.name = system.name or os.path.basename(path)[: -len(".yaml")]
+    return system
+
+
+def parse_time(text: str) -> int:
+    """'h:mm:ss' -> seconds. The one format accepted, so '1:00' cannot mean an hour here and a minute there."""
+    match = re.fullmatch(r"(\d+):([0-5]\d):([0-5]\d)", text)
+    if not match:
+        raise ConfigError(f"--time: bad value {text!r}; give h:mm:ss, e.g. 0:30:00 for half an hour")
+    hours, minutes, seconds = map(int, match.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if total == 0:
+        raise ConfigError("--time: must be more than 0:00:00")
+    return total
+
+
+def walltime(scheduler: str, seconds: int) -> str:
+    """The scheduler's own form: SLURM and PBS h:mm:ss, LSF -W h:mm, Cobalt -t minutes (rounded up)."""
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    if scheduler in ("slurm", "pbs"):
+        return f"{hours}:{minutes:02d}:{secs:02d}"
+    whole_minutes = -(-seconds // 60)
+    if scheduler == "lsf":
+        return f"{whole_minutes // 60}:{whole_minutes % 60:02d}"
+    return str(whole_minutes)

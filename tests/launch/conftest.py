@@ -1,0 +1,53 @@
+"""Session fixtures: a real single-node SLURM, and DeepSpeed's ops built once for every job."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.launch import slurm_cluster
+
+# Built once per machine (not per job): copied into each job's own TORCH_EXTENSIONS_DIR.
+OPS_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "mcr-dl", "test-torch-extensions")
+BUILD_OPS = (
+    "from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('FusedAdamBuilder').load()"
+)
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    why = slurm_cluster.missing()
+    if why:
+        if os.geteuid() == 0:  # CI runs as root and installs SLURM (make slurm-deps): missing is a failure
+            pytest.fail(why)
+        pytest.skip(why)
+    cluster = slurm_cluster.Cluster(str(tmp_path_factory.mktemp("slurm")))
+    before = os.environ.get("SLURM_CONF")
+    os.environ["SLURM_CONF"] = cluster.conf  # for scontrol/scancel called by launch.submit in this process
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+        if before is None:
+            os.environ.pop("SLURM_CONF")
+        else:
+            os.environ["SLURM_CONF"] = before
+
+
+@pytest.fixture(scope="session")
+def ops_cache():
+    """DeepSpeed's FusedAdam built into a private directory, then renamed into place whole, so a
+    session killed mid-build leaves no half-built cache (and no lock) for the next one."""
+    if not os.path.isdir(OPS_CACHE):
+        building = f"{OPS_CACHE}.building-{os.getpid()}"
+        env = dict(os.environ, TORCH_EXTENSIONS_DIR=building, DS_ACCELERATOR="cpu")
+        subprocess.run([sys.executable, "-c", BUILD_OPS], env=env, check=True, timeout=1200, capture_output=True)
+        try:
+            os.rename(building, OPS_CACHE)
+        except OSError:  # another session finished first
+            pass
+    return OPS_CACHE

@@ -1,0 +1,133 @@
+"""A real single-node SLURM (Debian's slurmctld + slurmd, 22.05) started in a temporary state dir.
+
+The tests submit real batch jobs to it. Facts this machine taught us: the controller host must
+be the real short hostname; auth/none and cred/none avoid munge; proctrack/linuxproc and
+task/none need no cgroups; `SlurmdParameters=config_overrides` lets the node declare more CPUs
+than it has cores; srun's pmix plugin dlopens `libpmix.so`, which Debian ships only as
+`libpmix.so.2` (`make slurm-deps` adds the link). Daemons are stopped by their pid files.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+PMIX_LIBS = glob.glob("/usr/lib/*/pmix2/lib")  # Debian's libpmix2, per architecture
+CPUS = 4  # tasks the node offers; more than the cores here, which config_overrides allows
+PROGRAMS = ("slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "scancel")
+
+
+def missing() -> str | None:
+    """Why SLURM cannot start here, or None."""
+    absent = [p for p in PROGRAMS if shutil.which(p) is None and not os.path.exists(f"/usr/sbin/{p}")]
+    if absent:
+        return f"SLURM is not installed (no {', '.join(absent)}); run `make slurm-deps` as root"
+    if not any(os.path.exists(os.path.join(lib, "libpmix.so")) for lib in PMIX_LIBS):
+        return "libpmix.so (Debian's libpmix2) is missing; srun --mpi=pmix needs it: run `make slurm-deps` as root"
+    if os.geteuid() != 0:
+        return "the test SLURM runs its daemons as root"
+    return None
+
+
+def free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def slurm_conf(state: str, host: str, ports: list[int], cpus: int = CPUS) -> str:
+    return f"""\
+ClusterName=mcrtest
+SlurmctldHost={host}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/none
+CredType=cred/none
+MpiDefault=none
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SchedulerType=sched/builtin
+SchedulerParameters=batch_sched_delay=0
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+ReturnToService=2
+SlurmctldPort={ports[0]}
+SlurmdPort={ports[1]}
+SlurmctldPidFile={state}/slurmctld.pid
+SlurmdPidFile={state}/slurmd.pid
+SlurmctldLogFile={state}/slurmctld.log
+SlurmdLogFile={state}/slurmd.log
+StateSaveLocation={state}/ctld
+SlurmdSpoolDir={state}/spool
+SlurmdParameters=config_overrides
+KillWait=5
+MinJobAge=600
+InactiveLimit=0
+NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
+PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
+"""
+
+
+class Cluster:
+    def __init__(self, state: str):
+        self.state = state
+        self.host = socket.gethostname().split(".")[0]
+        self.conf = os.path.join(state, "slurm.conf")
+        self.env = dict(os.environ, SLURM_CONF=self.conf, PMIX_MCA_psec="native")
+
+    def start(self, deadline_s: float = 60) -> None:
+        for sub in ("ctld", "spool"):
+            os.makedirs(os.path.join(self.state, sub), exist_ok=True)
+        with open(self.conf, "w") as f:
+            f.write(slurm_conf(self.state, self.host, free_ports(2)))
+        subprocess.run(["slurmctld", "-c"], env=self.env, check=True)  # -c: clear any saved state
+        subprocess.run(["slurmd"], env=self.env, check=True)
+        self.wait_idle(deadline_s)
+
+    def wait_idle(self, deadline_s: float) -> None:
+        end = time.monotonic() + deadline_s
+        state = ""
+        while time.monotonic() < end:
+            out = self.run("sinfo", "-h", "-N", "-o", "%T", check=False)
+            state = out.stdout.strip()
+            if state == "idle":
+                return
+            time.sleep(0.5)
+        raise RuntimeError(
+            f"the test SLURM node is {state or 'not answering'!r} after {deadline_s} s; logs in {self.state}"
+        )
+
+    def run(self, *cmd, check=True) -> subprocess.CompletedProcess:
+        return subprocess.run(cmd, env=self.env, check=check, text=True, capture_output=True)
+
+    def stop(self) -> None:
+        for daemon in ("slurmd", "slurmctld"):
+            pid_file = os.path.join(self.state, f"{daemon}.pid")
+            try:
+                with open(pid_file) as f:
+                    pid = int(f.read().strip())
+            except (OSError, ValueError):
+                continue
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+            end = time.monotonic() + 15
+            while time.monotonic() < end:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                time.sleep(0.2)

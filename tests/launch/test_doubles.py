@@ -1,0 +1,46 @@
+"""LSF, PBS Pro and Cobalt job scripts run end to end under TEST DOUBLES of their tools
+(tests/launch/doubles: bsub + jsrun, qsub + Cray PALS mpiexec, Cobalt qsub + Open MPI mpirun).
+
+The doubles set what the real systems document (LSB_*, JSM_NAMESPACE_*, PBS_NODEFILE, PMI_*,
+COBALT_NODEFILE, OMPI_COMM_WORLD_*) for 2 "nodes" x 2 ranks on this host; the ranks run
+tests/launch/probe.py, which discovers its place with mcr.env and all-gathers it over gloo at
+the rendezvous the script exported. Only the product's code decides ranks and addresses.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import sys
+
+import pytest
+
+from launch.scripts import SCHEDULER_LOG, Job, write_script
+from launch.submit import submit
+from launch.systems import load_system
+
+DOUBLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "doubles")
+
+
+@pytest.mark.parametrize("system, launcher", [("lassen", "jsrun"), ("polaris", "cray-pals"), ("thetagpu", "openmpi")])
+def test_rank_discovery_end_to_end_under_scheduler_test_doubles(system, launcher, tmp_path, monkeypatch):
+    s = load_system(system, account="proj1")
+    s.preamble = [f"export PATH={DOUBLES}:{os.path.dirname(sys.executable)}:$PATH"]  # instead of module/conda
+    s.ranks_per_node, s.gpus_per_node, s.cpus_per_task = 2, 0, 3
+    job = Job(s, 2, 600, str(tmp_path / "job"), "probe", "probe", [], module="tests.launch.probe")
+    monkeypatch.setenv("PATH", DOUBLES + os.pathsep + os.environ["PATH"])
+    monkeypatch.setenv("SCHEDULER_DOUBLE_STATE", str(tmp_path))
+    job_id = submit(s.scheduler, write_script(job), cwd=job.job_dir)  # the double runs the job before answering
+
+    log_name = SCHEDULER_LOG[s.scheduler].replace("%J", job_id) + (".output" if s.scheduler == "cobalt" else "")
+    with open(os.path.join(job.job_dir, log_name)) as f:
+        text = f.read()
+    if s.scheduler == "cobalt":
+        text += open(os.path.join(job.job_dir, "job.error")).read()
+    rows = re.findall(r"probe: rank (\d+) local (\d+) of (\d+) world (\d+)", text)
+    assert sorted(tuple(map(int, r)) for r in rows) == [(r, r % 2, 2, 4) for r in range(4)], text
+    port = 20000 + int(job_id) % 20000
+    assert f"probe: launcher {launcher}; master {socket.gethostname()}:{port}" in text
+    assert "probe: threads 3 (the trainers' rule)" in text  # thread counts from the CPUs per task
+    assert os.path.isdir(os.path.join(job.job_dir, f"probe-{job_id}"))  # the run dir named with the job id

@@ -1,0 +1,124 @@
+"""Job scripts for every system in configs/systems: valid bash (and shellcheck-clean), the
+scheduler's own directives and time format, and clear errors for bad system files."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+
+from apps.common.config import ConfigError
+from launch.cli import main
+from launch.scripts import Job, job_script
+from launch.systems import SYSTEMS_DIR, load_system, parse_time, walltime
+
+SYSTEMS = sorted(f[: -len(".yaml")] for f in os.listdir(SYSTEMS_DIR) if f.endswith(".yaml"))
+
+
+def script(system: str, nodes: int = 2, seconds: int = 5400, tmp="/tmp/job", **overrides) -> str:
+    s = load_system(system, **{"account": "proj1", **overrides})
+    return job_script(Job(s, nodes, seconds, tmp, "moe-test", "moe", ["--config", "configs/moe/tiny.yaml"]))
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_every_system_writes_a_script_that_bash_and_shellcheck_accept(system, tmp_path):
+    path = tmp_path / "job.sh"
+    path.write_text(script(system, tmp=str(tmp_path)))
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    if shutil.which("shellcheck"):  # installed with SLURM by `make slurm-deps`
+        proc = subprocess.run(["shellcheck", "-S", "warning", str(path)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout
+
+
+def test_time_is_h_mm_ss_in_and_each_schedulers_form_out():
+    seconds = parse_time("1:30:00")
+    assert [walltime(s, seconds) for s in ("slurm", "pbs", "lsf", "cobalt")] == ["1:30:00", "1:30:00", "1:30", "90"]
+    assert walltime("cobalt", parse_time("0:00:30")) == "1"  # rounded up, never 0
+    for bad in ("1:00", "90", "0:60:00", "0:00:00"):
+        with pytest.raises(ConfigError, match="--time"):
+            parse_time(bad)
+
+
+def test_slurm_cpu_system_asks_for_no_gpus_and_no_partition_unless_given():
+    text = script("local", nodes=1)
+    assert "#SBATCH --ntasks-per-node=2" in text and "#SBATCH --cpus-per-task=1" in text
+    assert "gpus" not in text and "--partition" not in text
+    assert "#SBATCH --partition=short" in script("local", queue="short")
+    gpu = script("slurm-gpu", queue="gpu")
+    assert "#SBATCH --gpus-per-node=8" in gpu and "#SBATCH --account=proj1" in gpu and "#SBATCH --time=1:30:00" in gpu
+    assert "srun --mpi=pmix --kill-on-bad-exit=1 --cpus-per-task=8 " in gpu
+
+
+def test_lassen_uses_bsub_and_jsrun_with_the_bank_and_no_gpu_smpiargs():
+    text = script("lassen", account="mybank")
+    assert "#BSUB -G mybank" in text and "#BSUB -W 1:30" in text and "#BSUB -nnodes 2" in text
+    assert "jsrun --nrs 2 --rs_per_host 1 --tasks_per_rs 4 --cpu_per_rs 32 --gpu_per_rs 4 --bind packed:8" in text
+    assert "smpiargs" not in text.split("jsrun", 1)[1]
+    assert "conda activate mcr-dl" in text
+
+
+def test_thetagpu_cobalt_charges_the_project_and_runs_mpirun_on_the_node_file():
+    text = script("thetagpu")
+    assert "#COBALT -A proj1" in text and "#COBALT -t 90" in text
+    assert 'mpirun -np 16 -npernode 8 --hostfile "$COBALT_NODEFILE" -x PATH' in text
+    assert "-x MASTER_PORT" in text and "-x TORCH_EXTENSIONS_DIR" in text
+
+
+def test_polaris_pbs_uses_select_walltime_and_mpiexec():
+    text = script("polaris")
+    assert "#PBS -l select=2:system=polaris" in text and "#PBS -l walltime=1:30:00" in text
+    assert "#PBS -A proj1" in text and "#PBS -l filesystems=home:eagle" in text
+    assert "mpiexec -n 8 --ppn 4 --depth 8 --cpu-bind depth" in text
+
+
+def test_every_script_sets_up_the_environment_the_trainers_read():
+    for system in SYSTEMS:
+        text = script(system)
+        for line in (
+            "cd ",
+            "\nLOCAL_WORLD_SIZE=",
+            "\nMASTER_ADDR=",
+            "\nMASTER_PORT=$((20000 + JOB_ID % 20000))",
+            "\nWANDB_MODE=${WANDB_MODE:-offline}",
+            "\nOMP_NUM_THREADS=",
+            "\nTORCH_EXTENSIONS_DIR=$RUN_DIR/torch_extensions",
+            "\nOMPI_MCA_mpi_yield_when_idle=1",
+        ):
+            assert line in text, (system, line)
+        exported = text.split("\nexport LOCAL_WORLD_SIZE ", 1)[1].split("\n")[0].split() + ["LOCAL_WORLD_SIZE"]
+        assert {"LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "WANDB_MODE"} <= set(exported)
+        assert 'out_dir="$JOB_DIR" name="moe-$JOB_ID"' in text
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("scheduler: slurm\nacount: x\n", "unknown config key 'acount'"),
+        ("scheduler: sge\n", "bad value 'sge' for config key 'scheduler'; choose one of slurm, lsf, pbs, cobalt"),
+        ("scheduler: slurm\nranks_per_node: 0\n", "'ranks_per_node': must be >= 1"),
+        ("scheduler: slurm\nsrun_mpi: pmi3\n", "choose one of pmix, pmi2, none"),
+        ("scheduler: pbs\n", "pbs jobs need a project to charge; give --account"),
+    ],
+)
+def test_bad_system_files_are_clear_errors(tmp_path, content, message):
+    path = tmp_path / "sys.yaml"
+    path.write_text(content)
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_system(str(path))
+
+
+def test_dry_run_writes_an_executable_script_in_a_fresh_job_dir_and_errors_are_one_line(tmp_path, capsys):
+    args = ["submit", "--system", "local", "--nodes", "1", "--out", str(tmp_path), "--dry-run", "--", "moe"]
+    assert main(args) == 0 and main(args) == 0
+    dirs = sorted(os.listdir(tmp_path))
+    assert len(dirs) == 2 and dirs[0].startswith("moe-local-1n-")  # the second job never overwrites the first
+    path = tmp_path / dirs[0] / "job.sh"
+    assert os.access(path, os.X_OK) and "not submitted" in capsys.readouterr().out
+    out = ["--out", str(tmp_path)]
+    assert main(["submit", "--system", "local", "--nodes", "1", "--time", "1:00", *out, "--", "moe"]) == 2
+    assert main(["submit", "--system", "local", "--nodes", "1", *out, "--", "nope"]) == 2
+    err = capsys.readouterr().err
+    assert "--time: bad value '1:00'; give h:mm:ss" in err and "unknown app 'nope'; choose one of" in err
+    assert len(os.listdir(tmp_path)) == 2  # a refused job leaves no directory behind

@@ -1,0 +1,160 @@
+"""`python -m launch submit` and `sweep` through a real single-node SLURM (see conftest.py).
+
+Jobs are submitted from outside the project with a bare PATH, so the script itself must cd to
+the project and find the venv; each trainer's tiny preset runs on 2 tasks under srun --mpi=pmix.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+from omegaconf import OmegaConf
+
+from launch.cli import app_names
+from launch.submit import job_state, wait
+from launch.systems import REPO
+
+APPS = [app for app in app_names() if os.path.isfile(os.path.join(REPO, "configs", app, "tiny.yaml"))]
+LAUNCH = f"import sys; sys.path.insert(0, {REPO!r}); from launch.cli import main; sys.exit(main())"
+DEADLINE_S = 420  # one tiny job takes about a minute on this machine when it is busy
+
+
+@pytest.fixture(scope="session")
+def system(slurm, ops_cache, tmp_path_factory):
+    """configs/systems/local.yaml with the pre-built ops cache and the CPU accelerator named."""
+    cfg = OmegaConf.load(os.path.join(REPO, "configs", "systems", "local.yaml"))
+    cfg.torch_extensions_cache = ops_cache
+    cfg.env.DS_ACCELERATOR = "cpu"
+    path = tmp_path_factory.mktemp("system") / "local-test.yaml"
+    OmegaConf.save(cfg, path)
+    return str(path)
+
+
+def launch(slurm, cwd, *args) -> str:
+    """Run `python -m launch ...` as a user would, from `cwd`, with no venv on PATH."""
+    env = {"PATH": "/usr/bin:/bin", "HOME": os.environ["HOME"], "SLURM_CONF": slurm.conf, "WANDB_MODE": "disabled"}
+    proc = subprocess.run(
+        [sys.executable, "-c", LAUNCH, *args], cwd=cwd, env=env, text=True, capture_output=True, timeout=900
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout
+
+
+def submitted(output: str) -> tuple[str, str, str]:
+    job_id = re.search(r"submitted job (\d+) \(slurm\)", output).group(1)
+    log = re.search(r"^log: +(\S+)", output, re.M).group(1)
+    run_dir = re.search(r"^run dir: +(\S+)", output, re.M).group(1)
+    return job_id, log, run_dir
+
+
+def read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
+@pytest.mark.parametrize("app", APPS)
+def test_submit_runs_the_tiny_preset_on_two_tasks_with_mpi(slurm, system, tmp_path, app):
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    out = launch(
+        slurm, cwd, "submit", "--system", system, "--nodes", "1", "--time", "0:10:00", "--out", str(tmp_path),
+        "--", app, "--config", f"configs/{app}/tiny.yaml", "train.steps=12", "log_interval=4", "comm.backend=auto",
+    )  # fmt: skip
+    job_id, log, run_dir = submitted(out)
+    assert "#SBATCH --ntasks-per-node=2" in out and "--gpus-per-node" not in out
+    states = wait("slurm", [job_id], DEADLINE_S)
+    log_path, run_path = os.path.join(cwd, log), os.path.join(cwd, run_dir)
+    assert states[job_id] == "DONE", f"job {job_id}: {states[job_id]}\n{read(log_path)[-4000:]}"
+    assert os.path.basename(run_path) == f"{app}-{job_id}"  # the run dir is named with the job id
+    assert os.listdir(cwd) == []  # nothing written where the user submitted from
+
+    summary = json.loads(read(os.path.join(run_path, "summary.json")))
+    assert summary["world_size"] == 2 and summary["steps"] == 12 and summary["tokens_per_s"] > 0
+    metrics = [json.loads(line) for line in read(os.path.join(run_path, "metrics.jsonl")).splitlines()]
+    assert [m["step"] for m in metrics] == [4, 8, 12]
+    text = read(log_path)
+    assert f"job {job_id}: 2 ranks of apps.{app} on local" in text
+    assert f":{20000 + int(job_id) % 20000};" in text  # MASTER_PORT from the job id
+    assert "mcr communication log" in text
+    comm = json.loads(read(os.path.join(run_path, "comm_log.json")))
+    assert any(row["backend"] == "mpi" and row["group_size"] == 2 for row in comm), comm  # srun gave MPI a world
+    assert os.path.isdir(os.path.join(run_path, "torch_extensions"))  # the job's own ops dir
+
+
+def test_a_job_killed_mid_compile_or_mid_run_does_not_hang_the_next(slurm, system, tmp_path):
+    app = "moe"
+    args = ["--", app, "--config", "configs/moe/tiny.yaml", "train.steps=400", "log_interval=1"]
+    # 1. No ops cache: the job JIT-builds FusedAdam in its own TORCH_EXTENSIONS_DIR; kill it mid-build.
+    cfg = OmegaConf.load(system)
+    cfg.torch_extensions_cache = ""
+    cold = tmp_path / "cold.yaml"
+    OmegaConf.save(cfg, cold)
+    job_id, _, run_dir = submitted(launch(slurm, tmp_path, "submit", "--system", str(cold), "--nodes", "1",
+                                          "--out", str(tmp_path / "cold"), "--quiet", *args))  # fmt: skip
+    lock = os.path.join(tmp_path, run_dir, "torch_extensions")
+    wait_for(lambda: any("lock" in files for _, _, files in os.walk(lock)), 300, f"job {job_id} to start building")
+    slurm.run("scancel", job_id)
+    # 2. With the cache, kill a job once it is training.
+    job2, _, run2 = submitted(launch(slurm, tmp_path, "submit", "--system", system, "--nodes", "1",
+                                     "--out", str(tmp_path / "warm"), "--quiet", *args))  # fmt: skip
+    metrics = os.path.join(tmp_path, run2, "metrics.jsonl")
+    wait_for(lambda: os.path.exists(metrics) and os.path.getsize(metrics) > 0, 300, f"job {job2} to train")
+    slurm.run("scancel", job2)
+    states = wait("slurm", [job_id, job2], 60)
+    assert states == {job_id: "FAILED", job2: "FAILED"}, states  # cancelled
+    assert not processes_under(str(tmp_path / "cold")), "processes of the job killed mid-build remain"
+    # 3. The next job completes.
+    job3, log3, _ = submitted(launch(slurm, tmp_path, "submit", "--system", system, "--nodes", "1",
+                                     "--out", str(tmp_path / "next"), "--quiet", "--", app, "--config",
+                                     "configs/moe/tiny.yaml", "train.steps=6"))  # fmt: skip
+    states = wait("slurm", [job3], DEADLINE_S)
+    assert states[job3] == "DONE", read(os.path.join(tmp_path, log3))[-4000:]
+
+
+def test_sweep_gathers_each_backends_summary_into_a_table_and_plot(slurm, system, tmp_path):
+    out = launch(
+        slurm, tmp_path, "sweep", "--system", system, "--app", "moe", "--nodes", "1", "--backends", "gloo,mpi",
+        "--time", "0:10:00", "--deadline", "0:10:00", "--out", str(tmp_path),
+        "--", "--config", "configs/moe/tiny.yaml", "train.steps=12",
+    )  # fmt: skip
+    sweep_dir = re.search(r"table and plot in (\S+)", out).group(1)
+    rows = json.loads(read(os.path.join(sweep_dir, "sweep.json")))
+    assert [(r["nodes"], r["backend"], r["state"]) for r in rows] == [(1, "gloo", "DONE"), (1, "mpi", "DONE")]
+    for r in rows:  # each job really ran with its backend, on 2 ranks
+        assert r["summary"]["comm_backend"] == r["backend"] and r["summary"]["world_size"] == 2
+    lines = {line.split()[2]: line for line in read(os.path.join(sweep_dir, "sweep.txt")).splitlines()[3:]}
+    tps = rows[1]["summary"]["tokens_per_s"] / rows[0]["summary"]["tokens_per_s"]
+    assert lines["mpi"].split()[-2] == f"{(tps - 1) * 100:+.1f}%" and lines["gloo"].split()[-2] == "+0.0%"
+    assert os.path.getsize(os.path.join(sweep_dir, "sweep.png")) > 10_000
+
+
+def processes_under(path: str) -> list[int]:
+    """Pids whose working directory or command line lies under `path` (compilers run in the ops dir)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+            cmdline = read(f"/proc/{pid}/cmdline")
+        except OSError:
+            continue
+        if cwd.startswith(path) or path in cmdline:
+            found.append(int(pid))
+    return found
+
+
+def wait_for(predicate, timeout_s: float, what: str) -> None:
+    end = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(0.5)
+
+
+def test_job_state_of_an_unknown_job_is_gone(slurm):
+    assert job_state("slurm", "999999") == "GONE"
