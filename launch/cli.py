@@ -35,6 +35,12 @@ def check_app(app: str) -> str:
     return app
 
 
+def shown(path: str) -> str:
+    """A path as the user would type it from here: relative when below the current directory."""
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else rel
+
+
 def new_job_dir(parent: str, name: str) -> str:
     """A fresh directory: a second job never writes over the first."""
     os.makedirs(parent, exist_ok=True)
@@ -102,15 +108,15 @@ def submit_main(command: str, argv: list[str]) -> int:
     if not args.quiet:
         print(open(path).read())
     if command == "script" or args.dry_run:
-        print(f"wrote {os.path.relpath(path)} (not submitted)")
+        print(f"wrote {shown(path)} (not submitted)")
         return 0
     job_id = submit(system.scheduler, path, cwd=job_dir)
     with open(os.path.join(job_dir, "job_id"), "w") as f:
         f.write(job_id + "\n")
     log = os.path.join(job_dir, SCHEDULER_LOG[system.scheduler].replace("%j", job_id).replace("%J", job_id))
     print(f"submitted job {job_id} ({system.scheduler}): {job.ranks} ranks of apps.{app} on {system.name}")
-    print(f"log:     {os.path.relpath(log)}")
-    print(f"run dir: {os.path.relpath(os.path.join(job_dir, f'{app}-{job_id}'))} (metrics.jsonl, summary.json)")
+    print(f"log:     {shown(log)}")
+    print(f"run dir: {shown(os.path.join(job_dir, f'{app}-{job_id}'))} (metrics.jsonl, summary.json)")
     return 0
 
 

@@ -27,11 +27,18 @@ BACKENDS = ("gloo", "mpi", "nccl", "auto")
 SINGLE = ("gloo", "mpi", "nccl")  # the gains compare every row with these
 
 
+def throughput_key(rows: list[dict]) -> str:
+    """tokens_per_s where every run reports it (MoE, dense GPT), else samples_per_s (DLRM)."""
+    done = [r["summary"] for r in rows if r["summary"]]
+    return "tokens_per_s" if done and all("tokens_per_s" in s for s in done) else "samples_per_s"
+
+
 def table(rows: list[dict]) -> str:
     """rows: {nodes, ranks, backend, summary or None, ...}, in submission order."""
+    key = throughput_key(rows)
     ok = {(r["nodes"], r["backend"]): r["summary"] for r in rows if r["summary"]}
-    singles = [b for b in SINGLE if any(key[1] == b for key in ok)]
-    header = f"{'nodes':>5}{'ranks':>6}  {'backend':<8}{'tokens/s':>12}{'samples/s':>11}{'step ms':>9}{'comm ms':>9}"
+    singles = [b for b in SINGLE if any(k[1] == b for k in ok)]
+    header = f"{'nodes':>5}{'ranks':>6}  {'backend':<8}{key.replace('_per_s', '/s'):>12}{'step ms':>9}{'comm ms':>9}"
     header += "".join(f"{'vs ' + b:>9}" for b in singles)
     lines = [header, "-" * len(header)]
     for r in rows:
@@ -44,10 +51,8 @@ def table(rows: list[dict]) -> str:
         gains = ""
         for b in singles:
             base = ok.get((r["nodes"], b))
-            gains += f"{(s['tokens_per_s'] / base['tokens_per_s'] - 1) * 100:>+8.1f}%" if base else f"{'-':>9}"
-        lines.append(
-            f"{head}{s['tokens_per_s']:>12,.0f}{s['samples_per_s']:>11,.1f}{s['median_step_ms']:>9.1f}{comm}{gains}"
-        )
+            gains += f"{(s[key] / base[key] - 1) * 100:>+8.1f}%" if base else f"{'-':>9}"
+        lines.append(f"{head}{s[key]:>12,.1f}{s['median_step_ms']:>9.1f}{comm}{gains}")
     return "\n".join(lines)
 
 
@@ -57,7 +62,8 @@ def plot(rows: list[dict], title: str, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    ok = {(r["nodes"], r["backend"]): r["summary"]["tokens_per_s"] for r in rows if r["summary"]}
+    key = throughput_key(rows)
+    ok = {(r["nodes"], r["backend"]): r["summary"][key] for r in rows if r["summary"]}
     backends = list(dict.fromkeys(r["backend"] for r in rows))
     singles = [b for b in SINGLE if b in backends]
     fig, axes = plt.subplots(1, 1 + len(singles), figsize=(5 * (1 + len(singles)), 4), squeeze=False)
@@ -71,7 +77,7 @@ def plot(rows: list[dict], title: str, path: str) -> None:
             )
             if gains and b != base:
                 ax.plot(*zip(*gains), marker="o", label=b)
-    axes[0][0].set(xlabel="nodes", ylabel="tokens/s", title=title)
+    axes[0][0].set(xlabel="nodes", ylabel=key.replace("_per_s", "/s"), title=title)
     for ax, base in zip(axes[0][1:], singles):
         ax.axhline(0, color="grey", lw=0.5)
         ax.set(xlabel="nodes", ylabel=f"gain over {base} (%)", title=f"vs {base} only")

@@ -1,9 +1,11 @@
 """What a job's ranks see: each rank's view of the launch, checked across the world through mcr.
 
-Run by job scripts under the scheduler test doubles: `python -m tests.launch.probe`. Every rank
+Run by job scripts: `python -m tests.launch.probe [backends]` (default gloo). Every rank
 all-gathers (rank, local rank, local world size, node id from the launcher's view) over gloo,
 rendezvousing at the MASTER_ADDR/PORT the job script exported; rank 0 prints them.
 """
+
+import sys
 
 import torch
 
@@ -11,12 +13,13 @@ import mcr
 from mcr.env import discover, threads_per_rank
 
 info = discover()
-mcr.init(backends="gloo")
+mcr.init(backends=sys.argv[1] if len(sys.argv) > 1 else "gloo")
 mine = torch.tensor([info.rank, info.local_rank, info.local_world_size, mcr.get_world_size()], dtype=torch.int64)
 everyone = [torch.zeros(4, dtype=torch.int64) for _ in range(mcr.get_world_size())]
 mcr.all_gather(everyone, mine)
 if info.rank == 0:
     print(f"probe: launcher {info.launcher}; master {info.master_addr}:{info.master_port}", flush=True)
+    print(f"probe: backends {', '.join(mcr.runtime().backends)}", flush=True)
     for row in everyone:
         print("probe: rank {} local {} of {} world {}".format(*row.tolist()), flush=True)
     print(f"probe: threads {threads_per_rank(info.local_world_size)} (the trainers' rule)", flush=True)
