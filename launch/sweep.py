@@ -28,9 +28,9 @@ SINGLE = ("gloo", "mpi", "nccl")  # the gains compare every row with these
 
 
 def throughput_key(rows: list[dict]) -> str:
-    """tokens_per_s where every run reports it (MoE, dense GPT), else samples_per_s (DLRM)."""
+    """The trainers' headline unit (summary["throughput"]: tokens_per_s for the GPTs, samples_per_s for DLRM)."""
     done = [r["summary"] for r in rows if r["summary"]]
-    return "tokens_per_s" if done and all("tokens_per_s" in s for s in done) else "samples_per_s"
+    return done[0].get("throughput", "samples_per_s") if done else "samples_per_s"
 
 
 def table(rows: list[dict]) -> str:

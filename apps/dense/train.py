@@ -27,7 +27,7 @@ from apps.common.seed import seed_step
 from apps.dense.config import DenseConfig, validate
 from apps.dense.model import GPT, TensorParallel, count_params, layer_specs, lm_loss
 from apps.dense.partition import plan_parts
-from mcr.env import discover
+from mcr.env import discover, threads_per_rank
 
 
 def deepspeed_config(cfg) -> dict:
@@ -109,7 +109,7 @@ def main(argv=None) -> dict:
     dims = validate(cfg, launch.world_size)  # tensor x pipeline, data parallel fills the rest
     run_dir = os.path.join(cfg.out_dir, cfg.name)
     ckpt_dir = os.path.join(run_dir, "checkpoints")
-    torch.set_num_threads(cfg.train.threads or max(1, (os.cpu_count() or 1) // launch.local_world_size))
+    torch.set_num_threads(cfg.train.threads or threads_per_rank(launch.local_world_size))
 
     # 2. Communication: DeepSpeed's comm layer on the mcr runtime (mcr.hooks.deepspeed), then this
     #    rank's mcr groups. The layers' TP collectives call the runtime on groups.tp; DeepSpeed's

@@ -39,7 +39,7 @@ from apps.common.metrics import STEP_TIME, UNIT_TEXT, Meter, MetricsLog, summary
 from apps.dlrm.config import DLRMConfig, sharding_types, validate
 from apps.dlrm.data import make_data
 from apps.dlrm.model import build_model, init_tables, table_rows
-from mcr.env import discover
+from mcr.env import discover, threads_per_rank
 from mcr.hooks.torchrec import cpu_sharders
 
 # The step line: `step 20/40 | loss 0.5712 | val 0.5801 | auc 0.7113 | 1,234 samples/s | step 830.2 ms (...)`
@@ -126,7 +126,7 @@ def main(argv=None) -> dict:
     # TorchRec reads the node size from the environment (table-row-wise groups); not every
     # launcher sets it (srun, jsrun), and TorchRec assumes 8 when none is set.
     os.environ.setdefault("LOCAL_WORLD_SIZE", str(launch.local_world_size))
-    torch.set_num_threads(cfg.train.threads or max(1, (os.cpu_count() or 1) // launch.local_world_size))
+    torch.set_num_threads(cfg.train.threads or threads_per_rank(launch.local_world_size))
     t = cfg.train
     cuda = torch.cuda.is_available()
     device = torch.device(f"cuda:{launch.local_rank}") if cuda else torch.device("cpu")
