@@ -1,6 +1,7 @@
 """What a job's ranks see: each rank's view of the launch, checked across the world through mcr.
 
-Run by job scripts: `python -m tests.launch.probe [backends]` (default gloo). Every rank
+Run by job scripts: `python -m tests.launch.probe [backends=B] [key=value ...]` (default gloo; the
+other overrides a job script appends for trainers, out_dir= and name=, are ignored). Every rank
 all-gathers (rank, local rank, local world size, node id from the launcher's view) over gloo,
 rendezvousing at the MASTER_ADDR/PORT the job script exported; rank 0 prints them.
 """
@@ -12,8 +13,9 @@ import torch
 import mcr
 from mcr.env import discover, threads_per_rank
 
+overrides = dict(arg.split("=", 1) for arg in sys.argv[1:])
 info = discover()
-mcr.init(backends=sys.argv[1] if len(sys.argv) > 1 else "gloo")
+mcr.init(backends=overrides.get("backends", "gloo"))
 mine = torch.tensor([info.rank, info.local_rank, info.local_world_size, mcr.get_world_size()], dtype=torch.int64)
 everyone = [torch.zeros(4, dtype=torch.int64) for _ in range(mcr.get_world_size())]
 mcr.all_gather(everyone, mine)

@@ -4,7 +4,9 @@ The tests submit real batch jobs to it. Facts this machine taught us: the contro
 be the real short hostname; auth/none and cred/none avoid munge; proctrack/linuxproc and
 task/none need no cgroups; `SlurmdParameters=config_overrides` lets the node declare more CPUs
 than it has cores; srun's pmix plugin dlopens `libpmix.so`, which Debian ships only as
-`libpmix.so.2` (`make slurm-deps` adds the link). Daemons are stopped by their pid files.
+`libpmix.so.2` (`make slurm-deps` adds the link); job ids restart at 1 with each cluster, so its
+temporary files (srun's pmix plugin leaves /tmp/spmix_appdir_<uid>_<job>.<step> behind after a
+failed step, and refuses to reuse one) go under the state dir (TmpFS). Daemons are stopped by their pid files.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ SlurmctldLogFile={state}/slurmctld.log
 SlurmdLogFile={state}/slurmd.log
 StateSaveLocation={state}/ctld
 SlurmdSpoolDir={state}/spool
+TmpFS={state}/tmp
 SlurmdParameters=config_overrides
 KillWait=5
 MinJobAge=600
@@ -88,7 +91,7 @@ class Cluster:
         self.env = dict(os.environ, SLURM_CONF=self.conf, PMIX_MCA_psec="native")
 
     def start(self, deadline_s: float = 60) -> None:
-        for sub in ("ctld", "spool"):
+        for sub in ("ctld", "spool", "tmp"):
             os.makedirs(os.path.join(self.state, sub), exist_ok=True)
         with open(self.conf, "w") as f:
             f.write(slurm_conf(self.state, self.host, free_ports(2)))

@@ -160,7 +160,7 @@ def wait_for(predicate, timeout_s: float, what: str) -> None:
 @pytest.mark.parametrize("plugin", ["pmix", "pmi2"])
 def test_srun_plugins_give_an_mpi_world_or_name_the_plugin_to_use(slurm, system, tmp_path, plugin):
     s = load_system(system, srun_mpi=plugin)
-    job = Job(s, 1, 600, str(tmp_path / "job"), "probe", "probe", ["mpi,gloo"], module="tests.launch.probe")
+    job = Job(s, 1, 600, str(tmp_path / "job"), "probe", "probe", ["backends=mpi,gloo"], module="tests.launch.probe")
     job_id = submit("slurm", write_script(job), cwd=job.job_dir)
     assert wait("slurm", [job_id], DEADLINE_S)[job_id] == "DONE"
     text = read(os.path.join(job.job_dir, f"job-{job_id}.out"))
