@@ -16,10 +16,9 @@ import os
 import sys
 import time
 
-from apps.common.config import ConfigError
 from launch.scripts import SCHEDULER_LOG, Job, write_script
 from launch.submit import SubmitError, submit
-from launch.systems import REPO, load_system, parse_time
+from launch.systems import REPO, LaunchError, load_system, parse_time
 
 RUNS = os.path.join(REPO, "runs")
 
@@ -31,7 +30,7 @@ def app_names() -> list[str]:
 
 def check_app(app: str) -> str:
     if app not in app_names():
-        raise ConfigError(f"unknown app {app!r}; choose one of {', '.join(app_names())} (runs python -m apps.<app>)")
+        raise LaunchError(f"unknown app {app!r}; choose one of {', '.join(app_names())} (runs python -m apps.<app>)")
     return app
 
 
@@ -51,7 +50,7 @@ def new_job_dir(parent: str, name: str) -> str:
             return path
         except FileExistsError:
             continue
-    raise ConfigError(f"no free job directory name under {parent}")
+    raise LaunchError(f"no free job directory name under {parent}")
 
 
 def add_job_options(parser: argparse.ArgumentParser, nodes_help: str) -> None:
@@ -67,9 +66,9 @@ def parse_nodes(text: str) -> list[int]:
     try:
         nodes = [int(n) for n in text.split(",")]
     except ValueError:
-        raise ConfigError(f"--nodes: bad value {text!r}; give a count, or counts like 1,2,4 for a sweep") from None
+        raise LaunchError(f"--nodes: bad value {text!r}; give a count, or counts like 1,2,4 for a sweep") from None
     if not nodes or min(nodes) < 1:
-        raise ConfigError(f"--nodes: bad value {text!r}; node counts are >= 1")
+        raise LaunchError(f"--nodes: bad value {text!r}; node counts are >= 1")
     return nodes
 
 
@@ -132,6 +131,6 @@ def main(argv=None) -> int:
 
             return sweep_main(argv[1:])
         return submit_main(argv[0], argv[1:])
-    except (ConfigError, SubmitError) as exc:
+    except (LaunchError, SubmitError) as exc:
         print(f"launch {argv[0]}: {exc}", file=sys.stderr)
         return 2

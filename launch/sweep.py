@@ -17,11 +17,10 @@ import os
 import subprocess
 import time
 
-from apps.common.config import ConfigError
 from launch.cli import add_job_options, check_app, new_job_dir, parse_nodes, split_argv
 from launch.scripts import SCHEDULER_LOG, Job, write_script
 from launch.submit import cancel_command, submit, wait
-from launch.systems import load_system, parse_time
+from launch.systems import LaunchError, load_system, parse_time
 
 BACKENDS = ("gloo", "mpi", "nccl", "auto")
 SINGLE = ("gloo", "mpi", "nccl")  # the gains compare every row with these
@@ -104,7 +103,7 @@ def sweep_main(argv: list[str]) -> int:
     backends = args.backends.split(",")
     bad = [b for b in backends if b not in BACKENDS]
     if bad:
-        raise ConfigError(f"--backends: unknown {', '.join(bad)}; choose from {', '.join(BACKENDS)}")
+        raise LaunchError(f"--backends: unknown {', '.join(bad)}; choose from {', '.join(BACKENDS)}")
     app = check_app(args.app)
     system = load_system(args.system, account=args.account, queue=args.queue)
     seconds, deadline = parse_time(args.time), parse_time(args.deadline)

@@ -2,9 +2,10 @@
 
     system = load_system("local", account="proj1")          # a name in configs/systems/ or a path
 
-The schema is an omegaconf structured config read by apps.common.config, so an unknown key or a
-bad value is a ConfigError naming the key and what it accepts. Wall times come in one format,
-h:mm:ss, and `walltime()` writes each scheduler's own form.
+The schema is an omegaconf structured config, so an unknown key or a bad value is a LaunchError
+naming the key and what it accepts. (Read here rather than through apps.common.config, which
+imports mcr and so torch: launching stays light.) Wall times come in one format, h:mm:ss, and
+`walltime()` writes each scheduler's own form.
 """
 
 from __future__ import annotations
@@ -14,23 +15,29 @@ import re
 from dataclasses import dataclass, field
 
 from omegaconf import OmegaConf
-
-from apps.common.config import ConfigError, check, choice, load_config
+from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SYSTEMS_DIR = os.path.join(REPO, "configs", "systems")
 
 
+class LaunchError(ValueError):
+    """A bad system file, option or app name: the message names it and the fix."""
+
+
+CHOICES = {"scheduler": ("slurm", "lsf", "pbs", "cobalt"), "srun_mpi": ("pmix", "pmi2", "none")}
+
+
 @dataclass
 class System:
     name: str = ""  # empty: the file's name
-    scheduler: str = choice("slurm", "lsf", "pbs", "cobalt")
+    scheduler: str = "slurm"  # slurm | lsf | pbs | cobalt
     account: str = ""  # SLURM --account, LSF -G (bank), PBS/Cobalt -A (project; required there)
     queue: str = ""  # SLURM --partition, LSF/PBS/Cobalt -q; empty: the scheduler's default
     ranks_per_node: int = 1  # tasks per node: one per GPU on GPU systems, any number on CPU nodes
     gpus_per_node: int = 0  # GPUs to request per node (0: none requested)
     cpus_per_task: int = 1  # cores per rank; also each rank's thread count
-    srun_mpi: str = choice("pmix", "pmi2", "none")  # `srun --mpi=`: pmix for Open MPI 5, pmi2 for MPICH/MVAPICH
+    srun_mpi: str = "pmix"  # `srun --mpi=`: pmix for Open MPI 5, pmi2 for MPICH/MVAPICH
     launcher_args: str = ""  # added to srun/jsrun/mpirun/mpiexec, e.g. jsrun --smpiargs="-gpu" with a CUDA-hooked MPI
     node_resources: str = ""  # PBS: appended to `-l select=N`, e.g. ":system=polaris"
     directives: list = field(default_factory=list)  # extra scheduler lines, e.g. ["-l filesystems=home:eagle"]
@@ -46,19 +53,28 @@ def system_path(name_or_path: str) -> str:
     if os.path.isfile(path):
         return path
     known = sorted(f[: -len(".yaml")] for f in os.listdir(SYSTEMS_DIR) if f.endswith(".yaml"))
-    raise ConfigError(f"--system: no file {name_or_path!r} and no system of that name; known: {', '.join(known)}")
+    raise LaunchError(f"--system: no file {name_or_path!r} and no system of that name; known: {', '.join(known)}")
 
 
 def load_system(name_or_path: str, **overrides) -> System:
     """Read a system file; `overrides` (account=..., queue=...) replace its values when not None."""
     path = system_path(name_or_path)
     dotlist = [f"{key}={value}" for key, value in overrides.items() if value is not None]
-    cfg = load_config(System, ["--config", path, *dotlist])
-    check(cfg.ranks_per_node >= 1, "ranks_per_node", f"must be >= 1, got {cfg.ranks_per_node} (in {path})")
-    check(cfg.gpus_per_node >= 0, "gpus_per_node", f"must be >= 0, got {cfg.gpus_per_node} (in {path})")
-    check(cfg.cpus_per_task >= 1, "cpus_per_task", f"must be >= 1, got {cfg.cpus_per_task} (in {path})")
+    try:
+        cfg = OmegaConf.merge(OmegaConf.structured(System), OmegaConf.load(path), OmegaConf.from_dotlist(dotlist))
+    except ConfigKeyError as exc:
+        valid = ", ".join(System.__dataclass_fields__)
+        raise LaunchError(f"unknown key {exc.full_key!r} in {path}; valid keys: {valid}") from None
+    except OmegaConfBaseException as exc:
+        raise LaunchError(f"bad value for key {exc.full_key!r} in {path}: {str(exc).splitlines()[0]}") from None
+    for key, choices in CHOICES.items():
+        if cfg[key] not in choices:
+            raise LaunchError(f"bad value {cfg[key]!r} for key {key!r} in {path}; choose one of {', '.join(choices)}")
+    for key, least in (("ranks_per_node", 1), ("gpus_per_node", 0), ("cpus_per_task", 1)):
+        if cfg[key] < least:
+            raise LaunchError(f"bad value {cfg[key]} for key {key!r} in {path}: must be >= {least}")
     if cfg.scheduler in ("pbs", "cobalt") and not cfg.account:
-        raise ConfigError(
+        raise LaunchError(
             f"system {cfg.name or path!r}: {cfg.scheduler} jobs need a project to charge; "
             "give --account PROJECT or set account: in the system file"
         )
@@ -72,11 +88,11 @@ def parse_time(text: str) -> int:
     """'h:mm:ss' -> seconds. The one format accepted, so '1:00' cannot mean an hour here and a minute there."""
     match = re.fullmatch(r"(\d+):([0-5]\d):([0-5]\d)", text)
     if not match:
-        raise ConfigError(f"--time: bad value {text!r}; give h:mm:ss, e.g. 0:30:00 for half an hour")
+        raise LaunchError(f"--time: bad value {text!r}; give h:mm:ss, e.g. 0:30:00 for half an hour")
     hours, minutes, seconds = map(int, match.groups())
     total = hours * 3600 + minutes * 60 + seconds
     if total == 0:
-        raise ConfigError("--time: must be more than 0:00:00")
+        raise LaunchError("--time: must be more than 0:00:00")
     return total
 
 
