@@ -196,7 +196,9 @@ def _chunked_all_reduce(rt, b, g, tensor, op, chunk_bytes, async_op):
         handles.append(h)
     if not async_op:
         return None
-    return Handle(lambda: [h.wait() for h in handles], lambda: all(h.is_completed() for h in handles), keep=tensor)
+    handle = Handle(lambda: [h.wait() for h in handles], lambda: all(h.is_completed() for h in handles), keep=tensor)
+    rt.hold(g.comms[b.name], handle)  # the caller may drop it: its post-step (AVG) must still run
+    return handle
 
 
 def reduce(tensor, dst, op=_SUM, group=None, async_op=False, backend=None):

@@ -2,7 +2,8 @@
 
 It also keeps the op's buffers alive until completion: mpi4py does not hold a reference to
 the buffers of a nonblocking call (Iallreduce with IN_PLACE, Ireduce_scatter_block), so a
-temporary freed early would make the result garbage.
+temporary freed early would make the result garbage. The runtime holds every handle until its
+op completes (`Runtime.hold`), so a caller may drop it.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class Handle:
             finish()
         self._finishers = ()
         self._keep = None
+        self._wait = self._test = None  # the request or Work, and the buffers a Work holds
 
 
 def from_torch_work(work, keep=None, finish=None) -> Handle:

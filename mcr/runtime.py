@@ -25,8 +25,9 @@ import os
 import socket
 import sys
 import time
+from collections import deque
 from datetime import timedelta
-from threading import get_ident
+from threading import Lock, get_ident
 
 import torch
 import torch.distributed as dist
@@ -77,6 +78,12 @@ class Runtime:
         self._waits = self.watchdog.waits if self.watchdog is not None else None
         self._choices = {}
         self._warned = set()
+        # In flight must mean alive: every async op's handle (its request and buffers) until the
+        # op has completed, whatever the caller does with it. Entries are (communicator, handle);
+        # the communicator is None for send/recv, which a later blocking op must not wait for.
+        self._in_flight = deque()
+        self._in_flight_lock = Lock()
+        self._sweep_at = 64  # past this many entries, drop every completed one, not just the oldest
         if self.world_size > 1:
             self._abort_job_on_uncaught_exception()
         if self.rank == 0:
@@ -261,6 +268,8 @@ class Runtime:
     def run(self, family, backend, group, nbytes, async_op, fn, *args):
         if async_op:
             return self._run_async(family, backend, group, nbytes, fn, args)
+        if self._in_flight and family != "send_recv":
+            self._complete_earlier(args[0])
         # the hot path: a 4-byte all-reduce on MPI costs about 1 µs, so every step here counts
         waits, comm_log = self._waits, self.comm_log
         if comm_log is not None:
@@ -285,7 +294,53 @@ class Runtime:
             handle = fn(*args)
         except Exception as exc:
             raise self._error(what, group, exc) from exc
-        return self._watched(handle, what, group, started)
+        handle = self._watched(handle, what, group, started)
+        self.hold(None if family == "send_recv" else args[0], handle)
+        return handle
+
+    def hold(self, comm, handle):
+        """Keep an async op's handle until the op completes, so that a caller dropping it frees
+        neither the request nor the buffers under the backend (mpi4py keeps neither alive), and
+        its post-steps (AVG's divide, copy-outs) still run. `comm`: the communicator of a
+        collective, whose later blocking ops complete it first; None for send/recv."""
+        in_flight = self._in_flight
+        with self._in_flight_lock:
+            while in_flight and in_flight[0][1].is_completed():  # ops complete roughly in issue order
+                in_flight.popleft()
+            in_flight.append((comm, handle))
+            if len(in_flight) >= self._sweep_at:  # an old op still pending (a receive waiting for its send)
+                kept = [entry for entry in in_flight if not entry[1].is_completed()]
+                in_flight.clear()
+                in_flight.extend(kept)
+                self._sweep_at = max(64, 2 * len(kept))
+
+    def _complete_earlier(self, comm):
+        """A blocking collective first completes the async collectives issued before it on the
+        same communicator. Safe: every member issues them in the same order, so a peer that
+        reaches this op has posted those before it; and it makes a blocking op a point where
+        the results of dropped handles are ready, as gloo's in-order queue does."""
+        with self._in_flight_lock:
+            earlier = [handle for c, handle in self._in_flight if c is comm]
+        if not earlier:
+            return
+        for handle in earlier:
+            handle.wait()
+        self._forget_completed()
+
+    def _forget_completed(self):
+        with self._in_flight_lock:
+            kept = [entry for entry in self._in_flight if not entry[1]._done]
+            self._in_flight.clear()
+            self._in_flight.extend(kept)
+
+    def _complete_all(self):
+        """finalize(): wait for every op still in flight (collectives and send/recv alike)."""
+        while self._in_flight:
+            with self._in_flight_lock:
+                pending = list(self._in_flight)
+            for _, handle in pending:
+                handle.wait()
+            self._forget_completed()
 
     def _watched(self, handle, what, group, started):
         inner_wait = handle._wait
@@ -318,6 +373,7 @@ class Runtime:
 
     # --- shutdown ------------------------------------------------------------------------------
     def finalize(self):
+        self._complete_all()  # under the watchdog: a peer that never posts its part is named
         if self.watchdog is not None:
             self.watchdog.stop()
         if self.comm_log is not None:
