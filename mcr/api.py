@@ -141,8 +141,10 @@ def _list_len(name, what, tensors, group_size):
         raise ValueError(f"mcr.{name}: {what} has {len(tensors)} tensors but the group has {group_size} ranks")
 
 
-def _group(group):
-    return runtime().world if group is None else group
+def _start(group):
+    """The runtime and the group an op runs on (None: the world)."""
+    rt = _runtime or runtime()
+    return rt, (rt.world if group is None else group)
 
 
 def _average(name, tensor, op, group_size):
@@ -155,107 +157,56 @@ def _average(name, tensor, op, group_size):
     return "sum", lambda t=tensor: t.div_(group_size)
 
 
-def _device(tensor) -> str:
-    return "cuda" if tensor.is_cuda else "cpu"
-
-
-def _finish(result, async_op, after):
-    """Apply a post-step (AVG's divide, copy-outs) now for a sync op, at completion for async."""
-    if after is None:
-        return result
-    if async_op:
-        return result.then(after)
-    after()
-    return None
-
-
 # --- collectives -------------------------------------------------------------------------------
+# Each op checks its arguments and sizes its message (the nbytes it passes), then hands the rest
+# to Runtime.call: choose the backend, run the backend's method of the given name, post-step.
 def all_reduce(tensor, op=_SUM, group=None, async_op=False, backend=None):
-    rt = _runtime or runtime()
-    g = rt.world if group is None else group
+    rt, g = _start(group)
     if not tensor.is_contiguous():
         _check("all_reduce", tensor)
-    nbytes = tensor.nbytes
     op, after = _average("all_reduce", tensor, op, g.size)
-    b, chunk = rt.choose("all_reduce", nbytes, g, tensor.dtype, _device(tensor), backend, op)
-    if chunk and nbytes > chunk:
-        return _finish(_chunked_all_reduce(rt, b, g, tensor, op, chunk, async_op), async_op, after)
-    result = rt.run("all_reduce", b, g, nbytes, async_op, b.all_reduce, g.comms[b.name], tensor, op, async_op)
-    return _finish(result, async_op, after)
-
-
-def _chunked_all_reduce(rt, b, g, tensor, op, chunk_bytes, async_op):
-    """Large all-reduces run faster as a train of chunks (they stay in cache); each chunk is
-    its own op on the same backend, in the same order on every rank."""
-    flat = tensor.view(-1)
-    per = max(1, chunk_bytes // tensor.element_size())
-    handles = []
-    for start in range(0, flat.numel(), per):
-        part = flat[start : start + per]
-        h = rt.run("all_reduce", b, g, part.nbytes, async_op, b.all_reduce, g.comms[b.name], part, op, async_op)
-        handles.append(h)
-    if not async_op:
-        return None
-    handle = Handle(lambda: [h.wait() for h in handles], lambda: all(h.is_completed() for h in handles), keep=tensor)
-    rt.hold(g.comms[b.name], handle)  # the caller may drop it: its post-step (AVG) must still run
-    return handle
+    return rt.call("all_reduce", "all_reduce", tensor.nbytes, g, tensor, backend, async_op, (tensor, op), op, after)
 
 
 def reduce(tensor, dst, op=_SUM, group=None, async_op=False, backend=None):
-    rt, g = runtime(), _group(group)
+    rt, g = _start(group)
     _check("reduce", tensor)
     op, after = _average("reduce", tensor, op, g.size)
     root = g.group_rank(dst)
     if root != g.rank:
-        after = None
-    b, _ = rt.choose("reduce", tensor.nbytes, g, tensor.dtype, _device(tensor), backend, op)
-    result = rt.run("reduce", b, g, tensor.nbytes, async_op, b.reduce, g.comms[b.name], tensor, root, op, async_op)
-    return _finish(result, async_op, after)
+        after = None  # only the root holds the result
+    return rt.call("reduce", "reduce", tensor.nbytes, g, tensor, backend, async_op, (tensor, root, op), op, after)
 
 
 def broadcast(tensor, src, group=None, async_op=False, backend=None):
-    rt, g = runtime(), _group(group)
+    rt, g = _start(group)
     _check("broadcast", tensor)
-    b, _ = rt.choose("broadcast", tensor.nbytes, g, tensor.dtype, _device(tensor), backend)
-    return rt.run(
-        "broadcast", b, g, tensor.nbytes, async_op, b.broadcast, g.comms[b.name], tensor, g.group_rank(src), async_op
-    )
+    root = g.group_rank(src)
+    return rt.call("broadcast", "broadcast", tensor.nbytes, g, tensor, backend, async_op, (tensor, root))
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False, backend=None):
-    rt, g = runtime(), _group(group)
+    rt, g = _start(group)
     _check("all_gather", tensor, *tensor_list)
     _list_len("all_gather", "tensor_list", tensor_list, g.size)
     _same_dtype("all_gather", tensor, tensor_list)
-    nbytes = tensor.nbytes * g.size
-    b, _ = rt.choose("all_gather", nbytes, g, tensor.dtype, _device(tensor), backend)
-    return rt.run("all_gather", b, g, nbytes, async_op, b.all_gather, g.comms[b.name], tensor_list, tensor, async_op)
+    nbytes = tensor.nbytes * g.size  # the gathered output
+    return rt.call("all_gather", "all_gather", nbytes, g, tensor, backend, async_op, (tensor_list, tensor))
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, backend=None):
-    rt, g = runtime(), _group(group)
+    rt, g = _start(group)
     _check("all_gather_into_tensor", output_tensor, input_tensor)
     _same_dtype("all_gather_into_tensor", input_tensor, [output_tensor])
     _group_multiple("all_gather_into_tensor", output_tensor, "output", input_tensor, "input", g.size)
-    nbytes = output_tensor.nbytes
-    b, _ = rt.choose("all_gather", nbytes, g, input_tensor.dtype, _device(input_tensor), backend)
-    return rt.run(
-        "all_gather",
-        b,
-        g,
-        nbytes,
-        async_op,
-        b.all_gather_into_tensor,
-        g.comms[b.name],
-        output_tensor,
-        input_tensor,
-        async_op,
-    )
+    nbytes = output_tensor.nbytes  # the gathered output
+    args = (output_tensor, input_tensor)
+    return rt.call("all_gather", "all_gather_into_tensor", nbytes, g, input_tensor, backend, async_op, args)
 
 
 def _rooted(family, tensor, tensors, root_rank, group, async_op, backend):
     """gather and scatter: only the root passes the list; its checks run there alone."""
-    rt, g = runtime(), _group(group)
+    rt, g = _start(group)
     root = g.group_rank(root_rank)
     what = "gather_list" if family == "gather" else "scatter_list"
     _check(family, tensor)
@@ -267,9 +218,8 @@ def _rooted(family, tensor, tensors, root_rank, group, async_op, backend):
         _same_dtype(family, tensor, tensors)
     else:
         tensors = None
-    nbytes = tensor.nbytes * g.size
-    b, _ = rt.choose(family, nbytes, g, tensor.dtype, _device(tensor), backend)
-    return rt.run(family, b, g, nbytes, async_op, getattr(b, family), g.comms[b.name], tensor, tensors, root, async_op)
+    nbytes = tensor.nbytes * g.size  # the whole list
+    return rt.call(family, family, nbytes, g, tensor, backend, async_op, (tensor, tensors, root))
 
 
 def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, backend=None):
@@ -281,68 +231,42 @@ def scatter(tensor, scatter_list=None, src=0, group=None, async_op=False, backen
 
 
 def reduce_scatter(output, input_list, op=_SUM, group=None, async_op=False, backend=None):
-    rt, g = runtime(), _group(group)
+    rt, g = _start(group)
     _check("reduce_scatter", output, *input_list)
     _list_len("reduce_scatter", "input_list", input_list, g.size)
     _same_dtype("reduce_scatter", output, input_list)
     op, after = _average("reduce_scatter", output, op, g.size)
-    nbytes = output.nbytes * g.size
-    b, _ = rt.choose("reduce_scatter", nbytes, g, output.dtype, _device(output), backend, op)
-    result = rt.run(
-        "reduce_scatter", b, g, nbytes, async_op, b.reduce_scatter, g.comms[b.name], output, input_list, op, async_op
-    )
-    return _finish(result, async_op, after)
+    nbytes = output.nbytes * g.size  # the input
+    args = (output, input_list, op)
+    return rt.call("reduce_scatter", "reduce_scatter", nbytes, g, output, backend, async_op, args, op, after)
 
 
 def reduce_scatter_tensor(output, input, op=_SUM, group=None, async_op=False, backend=None):
-    rt, g = runtime(), _group(group)
+    rt, g = _start(group)
     _check("reduce_scatter_tensor", output, input)
     _same_dtype("reduce_scatter_tensor", output, [input])
     _group_multiple("reduce_scatter_tensor", input, "input", output, "output", g.size)
     op, after = _average("reduce_scatter_tensor", output, op, g.size)
-    b, _ = rt.choose("reduce_scatter", input.nbytes, g, input.dtype, _device(input), backend, op)
-    result = rt.run(
-        "reduce_scatter",
-        b,
-        g,
-        input.nbytes,
-        async_op,
-        b.reduce_scatter_tensor,
-        g.comms[b.name],
-        output,
-        input,
-        op,
-        async_op,
-    )
-    return _finish(result, async_op, after)
+    nbytes = input.nbytes  # the input
+    args = (output, input, op)
+    return rt.call("reduce_scatter", "reduce_scatter_tensor", nbytes, g, input, backend, async_op, args, op, after)
 
 
 def all_to_all_single(
     output, input, output_split_sizes=None, input_split_sizes=None, group=None, async_op=False, backend=None
 ):
-    rt, g = runtime(), _group(group)
+    rt, g = _start(group)
     _check("all_to_all_single", output, input)
     _same_dtype("all_to_all_single", input, [output])
     _check_splits("input", input, input_split_sizes, g.size)
     _check_splits("output", output, output_split_sizes, g.size)
-    nbytes = input.nbytes
+    nbytes = input.nbytes  # the input
     if input_split_sizes or output_split_sizes:
         nbytes = rt.agreed_bytes("all_to_all", g, nbytes)  # uneven: local sizes differ by rank
-    b, _ = rt.choose("all_to_all", nbytes, g, input.dtype, _device(input), backend)
-    return rt.run(
-        "all_to_all",
-        b,
-        g,
-        nbytes,
-        async_op,
-        b.all_to_all_single,
-        g.comms[b.name],
-        output,
-        input,
-        list(output_split_sizes) if output_split_sizes else None,
-        list(input_split_sizes) if input_split_sizes else None,
-        async_op,
-    )
+    out_splits = list(output_split_sizes) if output_split_sizes else None
+    in_splits = list(input_split_sizes) if input_split_sizes else None
+    args = (output, input, out_splits, in_splits)
+    return rt.call("all_to_all", "all_to_all_single", nbytes, g, input, backend, async_op, args)
 
 
 def _check_splits(which, tensor, splits, group_size):
@@ -365,57 +289,35 @@ def _check_splits(which, tensor, splits, group_size):
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, backend=None):
-    rt, g = runtime(), _group(group)
+    rt, g = _start(group)
     _check("all_to_all", *output_tensor_list, *input_tensor_list)
     _list_len("all_to_all", "output_tensor_list", output_tensor_list, g.size)
     _list_len("all_to_all", "input_tensor_list", input_tensor_list, g.size)
     _same_dtype("all_to_all", input_tensor_list[0], [*input_tensor_list, *output_tensor_list])
-    nbytes = sum(t.nbytes for t in input_tensor_list)
+    nbytes = sum(t.nbytes for t in input_tensor_list)  # the input
     if len({t.numel() for t in input_tensor_list}) > 1 or len({t.numel() for t in output_tensor_list}) > 1:
         nbytes = rt.agreed_bytes("all_to_all", g, nbytes)  # uneven: local sizes differ by rank
-    t0 = input_tensor_list[0]
-    b, _ = rt.choose("all_to_all", nbytes, g, t0.dtype, _device(t0), backend)
-    return rt.run(
-        "all_to_all",
-        b,
-        g,
-        nbytes,
-        async_op,
-        b.all_to_all,
-        g.comms[b.name],
-        output_tensor_list,
-        input_tensor_list,
-        async_op,
-    )
+    args = (output_tensor_list, input_tensor_list)
+    return rt.call("all_to_all", "all_to_all", nbytes, g, input_tensor_list[0], backend, async_op, args)
+
+
+_NO_TENSOR = torch.empty(0, dtype=torch.uint8)  # what a barrier is chosen for: a CPU op of 0 bytes
 
 
 def barrier(group=None, async_op=False, device_ids=None, backend=None):
-    rt, g = runtime(), _group(group)
-    b, _ = rt.choose("barrier", 0, g, torch.uint8, "cpu", backend)
-    return rt.run("barrier", b, g, 0, async_op, b.barrier, g.comms[b.name], async_op)
+    rt, g = _start(group)
+    return rt.call("barrier", "barrier", 0, g, _NO_TENSOR, backend, async_op, ())
 
 
 # --- point to point ----------------------------------------------------------------------------
 # send and recv share the family "send_recv" so both sides always pick the same backend.
 def _p2p(name, method, tensor, peer, group, tag, async_op, backend):
-    rt, g = runtime(), _group(group)
+    rt, g = _start(group)
     _check(name, tensor)
     if peer is None:
         raise ValueError(f"mcr.{name}: pass the peer rank (receiving from any source is not supported)")
-    b, _ = rt.choose("send_recv", tensor.nbytes, g, tensor.dtype, _device(tensor), backend)
-    return rt.run(
-        "send_recv",
-        b,
-        g,
-        tensor.nbytes,
-        async_op,
-        getattr(b, method),
-        g.comms[b.name],
-        tensor,
-        g.group_rank(peer),
-        tag,
-        async_op,
-    )
+    args = (tensor, g.group_rank(peer), tag)
+    return rt.call("send_recv", method, tensor.nbytes, g, tensor, backend, async_op, args)
 
 
 def send(tensor, dst, group=None, tag=0, backend=None):

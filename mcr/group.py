@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 
 class Group:
     __slots__ = ("gid", "ranks", "rank", "size", "comms", "_to_group_rank")
 
-    def __init__(self, gid: int, ranks, my_global_rank: int):
+    def __init__(self, gid: Hashable, ranks, my_global_rank: int):
+        # the group's key in the choice cache and the tuner: an int for groups the runtime numbers
+        # (0: the world), ("torch", name) for groups torch.distributed creates (mcr.hooks)
         self.gid = gid
         self.ranks = tuple(ranks)
         self.size = len(self.ranks)

@@ -33,17 +33,6 @@ REDUCE_OPS = {
     "max": ReduceOp.MAX,
 }
 
-SUPPORTED_DTYPES = (
-    torch.float32,
-    torch.float16,
-    torch.bfloat16,
-    torch.int32,
-    torch.int64,
-    torch.float64,
-    torch.uint8,
-    torch.int8,
-)
-
 
 def bus_factor(family: str, n: int) -> float:
     """nccl-tests' bus-bandwidth factor: busbw = algbw * factor, comparable to link speed."""

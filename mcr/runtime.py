@@ -15,7 +15,7 @@ Why mixing backends cannot deadlock (the rule the code keeps):
      peers on its own backend.
   Hence if every rank issues the same sequence, by induction the first incomplete op has been
   reached by every rank on the same backend, with all earlier ops on that backend posted
-  before it, and completes. tests/mcr/test_stress.py checks this with random interleavings.
+  before it, and completes. tests/mcr/test_robustness.py checks this with random interleavings (scripts/stress.py).
 """
 
 from __future__ import annotations
@@ -28,17 +28,19 @@ import time
 from collections import deque
 from datetime import timedelta
 from threading import Lock, get_ident
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
 
 from . import env as launch_env
-from .backends.base import BackendUnavailable
+from .backends.base import Backend, BackendUnavailable
 from .backends.mpi import MPIBackend
 from .backends.torch_dist import GlooBackend, NcclBackend
 from .commlog import CommLog
 from .config import RuntimeConfig
 from .group import Group
+from .handle import Handle
 from .ops import dtype_name
 from .tuning.table import TuningTable
 from .watchdog import Watchdog
@@ -52,6 +54,24 @@ BUILTIN_ORDER = {"cpu": ("mpi", "gloo"), "cuda": ("nccl", "mpi", "gloo")}
 
 class CommError(RuntimeError):
     pass
+
+
+class OpCall(NamedTuple):
+    """An op as the watchdog, the comm log and error messages name it."""
+
+    family: str
+    backend: str
+    nbytes: int
+    group_size: int
+
+
+class Route(NamedTuple):
+    """Where one kind of call runs: made once per distinct call and kept in the choice cache,
+    so the hot path allocates nothing to describe its op."""
+
+    backend: Backend
+    chunk_bytes: int  # > 0: an all-reduce larger than this runs as a train of chunks
+    op: OpCall
 
 
 class Runtime:
@@ -185,19 +205,46 @@ class Runtime:
                 group.comms[name] = comm
         return group
 
+    # --- the routine every op shares ------------------------------------------------------------
+    def call(self, family, method, nbytes, group, tensor, explicit, async_op, args, reduce_op=None, after=None):
+        """Choose a backend for this call (step 2), run `method` of it with the group's
+        communicator, `*args` and `async_op` (step 3, chunked where the table says), then
+        `after` (AVG's divide): now for a blocking op, at completion for an async one.
+        `nbytes` is the op's message size by its own rule; `tensor` gives dtype and device."""
+        route = self.route(
+            family, nbytes, group, tensor.dtype, "cuda" if tensor.is_cuda else "cpu", explicit, reduce_op
+        )
+        if route.chunk_bytes and nbytes > route.chunk_bytes:
+            result = self._run_chunked(route, group, tensor, reduce_op, async_op)
+        else:
+            backend = route.backend
+            result = self.run(route.op, group, async_op, getattr(backend, method), group.comms[backend.name], args)
+        if after is None:
+            return result
+        if async_op:
+            return result.then(after)
+        after()
+        return None
+
     # --- step 2: choose ------------------------------------------------------------------------
     def choose(self, family, nbytes, group, dtype, device_type, explicit=None, reduce_op=None):
+        """(backend, chunk_bytes) for this call; the same on every rank of the group."""
+        return self.route(family, nbytes, group, dtype, device_type, explicit, reduce_op)[:2]
+
+    def route(self, family, nbytes, group, dtype, device_type, explicit=None, reduce_op=None) -> Route:
         key = (family, nbytes, group.gid, dtype, device_type, explicit, reduce_op)
         found = self._choices.get(key)
         if found is not None:
             return found
         if not group.is_member:
             raise ValueError(f"mcr.{family}: rank {self.rank} is not a member of {group}")
-        choice = self._decide(family, nbytes, group, dtype, device_type, explicit, reduce_op)
+        backend, chunk = self._decide(family, nbytes, group, dtype, device_type, explicit, reduce_op)
+        chunk = chunk if family == "all_reduce" else 0  # only all-reduces run chunked
+        found = Route(backend, chunk, OpCall(family, backend.name, nbytes, group.size))
         if len(self._choices) > 65536:
             self._choices.clear()  # bounded: uneven all-to-all sizes are many
-        self._choices[key] = choice
-        return choice
+        self._choices[key] = found
+        return found
 
     def _decide(self, family, nbytes, group, dtype, device_type, explicit, reduce_op):
         chunk = 0
@@ -258,44 +305,59 @@ class Runtime:
         if self.table is None or not self.table.depends_on_size(family, group.size):
             return nbytes
         size = torch.tensor([nbytes], dtype=torch.int64)
-        backend, _ = self.choose("all_reduce", 8, group, torch.int64, "cpu", None, "max")
-        self.run(
-            "all_reduce", backend, group, 8, False, backend.all_reduce, group.comms[backend.name], size, "max", False
-        )
+        self.call("all_reduce", "all_reduce", 8, group, size, None, False, (size, "max"), "max")
         return int(size.item())
 
     # --- step 3 and 4: run, watch and account --------------------------------------------------
-    def run(self, family, backend, group, nbytes, async_op, fn, *args):
+    def run(self, op: OpCall, group, async_op, fn, comm, args):
+        """fn(comm, *args, async_op) under the watchdog, its time in the comm log."""
         if async_op:
-            return self._run_async(family, backend, group, nbytes, fn, args)
-        if self._in_flight and family != "send_recv":
-            self._complete_earlier(args[0])
+            return self._run_async(op, group, fn, comm, args)
+        if self._in_flight and op.family != "send_recv":
+            self._complete_earlier(comm)
         # the hot path: a 4-byte all-reduce on MPI costs about 1 µs, so every step here counts
         waits, comm_log = self._waits, self.comm_log
         if comm_log is not None:
             started = time.perf_counter()
         if waits is not None:
             thread = get_ident()
-            waits[thread] = (family, backend.name, nbytes, group.size)
+            waits[thread] = op
         try:
-            fn(*args)
+            fn(comm, *args, False)
         except Exception as exc:
-            raise self._error((family, backend.name, nbytes, group.size), group, exc) from exc
+            raise self._error(op, group, exc) from exc
         finally:
             if waits is not None:
                 del waits[thread]
         if comm_log is not None:
-            comm_log.record(family, backend.name, nbytes, group.size, time.perf_counter() - started)
+            comm_log.record(*op, time.perf_counter() - started)
 
-    def _run_async(self, family, backend, group, nbytes, fn, args):
-        what = (family, backend.name, nbytes, group.size)
+    def _run_async(self, op, group, fn, comm, args):
         started = time.perf_counter()
         try:
-            handle = fn(*args)
+            handle = fn(comm, *args, True)
         except Exception as exc:
-            raise self._error(what, group, exc) from exc
-        handle = self._watched(handle, what, group, started)
-        self.hold(None if family == "send_recv" else args[0], handle)
+            raise self._error(op, group, exc) from exc
+        handle = self._watched(handle, op, group, started)
+        self.hold(None if op.family == "send_recv" else comm, handle)
+        return handle
+
+    def _run_chunked(self, route, group, tensor, reduce_op, async_op):
+        """Large all-reduces run faster as a train of chunks (they stay in cache); each chunk is
+        its own op on the same backend, in the same order on every rank."""
+        backend = route.backend
+        fn, comm = backend.all_reduce, group.comms[backend.name]
+        flat = tensor.view(-1)
+        per = max(1, route.chunk_bytes // tensor.element_size())
+        handles = []
+        for start in range(0, flat.numel(), per):
+            part = flat[start : start + per]
+            op = route.op._replace(nbytes=part.nbytes)
+            handles.append(self.run(op, group, async_op, fn, comm, (part, reduce_op)))
+        if not async_op:
+            return None
+        handle = Handle(lambda: [h.wait() for h in handles], lambda: all(h.is_completed() for h in handles), tensor)
+        self.hold(comm, handle)  # the caller may drop it: its post-step (AVG) must still run
         return handle
 
     def hold(self, comm, handle):
@@ -342,33 +404,31 @@ class Runtime:
                 handle.wait()
             self._forget_completed()
 
-    def _watched(self, handle, what, group, started):
+    def _watched(self, handle, op, group, started):
         inner_wait = handle._wait
         waits, comm_log = self._waits, self.comm_log
 
         def wait():
             if waits is not None:
                 thread = get_ident()
-                waits[thread] = what
+                waits[thread] = op
             try:
                 inner_wait()
             except Exception as exc:
-                raise self._error(what, group, exc) from exc
+                raise self._error(op, group, exc) from exc
             finally:
                 if waits is not None:
                     waits.pop(thread, None)
 
         handle._wait = wait
         if comm_log is not None:
-            family, name, nbytes, size = what
-            handle.then(lambda: comm_log.record(family, name, nbytes, size, time.perf_counter() - started))
+            handle.then(lambda: comm_log.record(*op, time.perf_counter() - started))
         return handle
 
-    def _error(self, what, group, exc):
-        family, name, nbytes, size = what
+    def _error(self, op, group, exc):
         return CommError(
-            f"rank {self.rank}: {family} on backend {name} ({nbytes} bytes, group ranks {list(group.ranks)}) "
-            f"failed: {exc}"
+            f"rank {self.rank}: {op.family} on backend {op.backend} ({op.nbytes} bytes, group ranks "
+            f"{list(group.ranks)}) failed: {exc}"
         )
 
     # --- shutdown ------------------------------------------------------------------------------
