@@ -29,76 +29,85 @@ def _elements(op, nbytes, element_size, n):
     return count
 
 
-def make_call(op, nbytes, backend=None, dtype=torch.float32, group=None, chunk_bytes=0):
-    """Returns (call, actual_nbytes). `call()` runs the op once, blocking, on this rank.
+def make_call(op, nbytes, backend=None, dtype=torch.float32, group=None, chunk_bytes=0, rt=None):
+    """Returns (call, actual_nbytes). `call()` runs the op once, blocking, on this rank, through
+    the runtime `rt` (default: the running one) on `backend` (None: the runtime's choice).
     `chunk_bytes` > 0 runs an all-reduce as a train of chunks, as the runtime does for a
     tuning-table entry with that chunk size."""
-    n = api.get_world_size(group)
-    rank = api.get_rank(group)
+    rt = rt or api.runtime()
+    g = rt.world if group is None else group
+    n = g.size
     count = _elements(op, nbytes, torch.tensor([], dtype=dtype).element_size(), n)
     x = torch.ones(count, dtype=dtype)
-    ranks = api.runtime().world.ranks if group is None else group.ranks
-    root = ranks[0]  # a global rank: groups such as DeepSpeed's expert groups may not hold rank 0
+
+    def run(family, method, size, tensor, *args, reduce_op=None):
+        return rt.call(family, method, size, g, tensor, backend, False, args, reduce_op)
+
     if op == "all_reduce" and chunk_bytes and x.nbytes > chunk_bytes:
         parts = x.split(max(1, chunk_bytes // x.element_size()))
 
         def chunked():
             for part in parts:
-                api.all_reduce(part, group=group, backend=backend)
+                run("all_reduce", "all_reduce", part.nbytes, part, part, "sum", reduce_op="sum")
 
         return chunked, x.nbytes
+    # roots and peers are group ranks: groups such as DeepSpeed's expert groups may not hold rank 0
     if op == "all_reduce":
-        return (lambda: api.all_reduce(x, group=group, backend=backend)), x.nbytes
+        return (lambda: run("all_reduce", "all_reduce", x.nbytes, x, x, "sum", reduce_op="sum")), x.nbytes
     if op == "reduce":
-        return (lambda: api.reduce(x, root, group=group, backend=backend)), x.nbytes
+        return (lambda: run("reduce", "reduce", x.nbytes, x, x, 0, "sum", reduce_op="sum")), x.nbytes
     if op == "broadcast":
-        return (lambda: api.broadcast(x, root, group=group, backend=backend)), x.nbytes
+        return (lambda: run("broadcast", "broadcast", x.nbytes, x, x, 0)), x.nbytes
     if op == "all_gather":
         part = torch.ones(count // n, dtype=dtype)
-        return (lambda: api.all_gather_into_tensor(x, part, group=group, backend=backend)), x.nbytes
+        return (lambda: run("all_gather", "all_gather_into_tensor", x.nbytes, part, x, part)), x.nbytes
     if op == "reduce_scatter":
         part = torch.empty(count // n, dtype=dtype)
-        return (lambda: api.reduce_scatter_tensor(part, x, group=group, backend=backend)), x.nbytes
+        call = "reduce_scatter", "reduce_scatter_tensor", x.nbytes, x, part, x, "sum"
+        return (lambda: run(*call, reduce_op="sum")), x.nbytes
     if op == "all_to_all":
         out = torch.empty_like(x)
-        return (lambda: api.all_to_all_single(out, x, group=group, backend=backend)), x.nbytes
+        return (lambda: run("all_to_all", "all_to_all_single", x.nbytes, x, out, x, None, None)), x.nbytes
     if op == "send_recv":
-        first, second = ranks[0], ranks[1]
 
         def ping_pong():  # ranks beyond the first two idle; timed as one round trip
-            if rank == 0:
-                api.send(x, second, group=group, backend=backend)
-                api.recv(x, second, group=group, backend=backend)
-            elif rank == 1:
-                api.recv(x, first, group=group, backend=backend)
-                api.send(x, first, group=group, backend=backend)
+            if g.rank == 0:
+                run("send_recv", "send", x.nbytes, x, x, 1, 0)
+                run("send_recv", "recv", x.nbytes, x, x, 1, 0)
+            elif g.rank == 1:
+                run("send_recv", "recv", x.nbytes, x, x, 0, 0)
+                run("send_recv", "send", x.nbytes, x, x, 0, 0)
 
         return ping_pong, x.nbytes
     raise ValueError(f"cannot measure op {op!r}; choose one of {', '.join(MEASURABLE_OPS)}")
 
 
-def slowest(value, group=None, backend=None):
+def slowest(value, group=None, backend=None, rt=None):
     """The largest value over the group's ranks, so every rank reports and decides the same.
     `value` may be a list (one all-reduce for all). `backend`: where to agree (None: the
-    runtime's choice; the online tuner names one so that agreeing never asks it to choose)."""
+    runtime's choice)."""
+    rt = rt or api.runtime()
+    g = rt.world if group is None else group
     many = isinstance(value, (list, tuple))
     t = torch.tensor(list(value) if many else [value], dtype=torch.float64)
-    api.all_reduce(t, op=api.ReduceOp.MAX, group=group, backend=backend)
+    rt.call("all_reduce", "all_reduce", t.nbytes, g, t, backend, False, (t, "max"), "max")
     return t.tolist() if many else float(t.item())
 
 
-def time_call(call, iters: int, warmup: int = 5, group=None, backend=None) -> float:
+def time_call(call, iters: int, warmup: int = 5, group=None, backend=None, rt=None) -> float:
     """Median seconds per call on this rank, then the slowest rank's median."""
+    rt = rt or api.runtime()
     for _ in range(warmup):
         call()
-    api.barrier(group=group, backend=backend)
+    nothing = torch.empty(0, dtype=torch.uint8)
+    rt.call("barrier", "barrier", 0, rt.world if group is None else group, nothing, backend, False, ())
     samples = []
     clock = time.perf_counter
     for _ in range(iters):
         start = clock()
         call()
         samples.append(clock() - start)
-    return slowest(statistics.median(samples), group, backend)
+    return slowest(statistics.median(samples), group, backend, rt)
 
 
 def time_op(op, nbytes, backend=None, dtype=torch.float32, group=None, iters=None, warmup=5, chunk_bytes=0):
@@ -108,9 +117,10 @@ def time_op(op, nbytes, backend=None, dtype=torch.float32, group=None, iters=Non
     return (seconds / 2 if op == "send_recv" else seconds), actual
 
 
-def compare(op, nbytes, candidates, dtype=torch.float32, group=None, iters=None, warmup=5, rounds=3):
+def compare(op, nbytes, candidates, dtype=torch.float32, group=None, iters=None, warmup=5, rounds=3, rt=None):
     """Seconds per op for each candidate, a (backend or None for the runtime's own choice,
-    chunk_bytes) pair, and the actual bytes. The candidates are timed in `rounds` interleaved
+    chunk_bytes) pair, and the actual bytes, measured through the runtime `rt` (default: the
+    running one). The candidates are timed in `rounds` interleaved
     rounds, every other one in reverse (A B C, C B A, A B C ...), the iterations split between
     them, and each keeps its fastest round. Load from elsewhere comes in bursts and only ever
     adds time, and a backend can slow the one timed right after it (gloo's threads leave MPI
@@ -123,7 +133,7 @@ def compare(op, nbytes, candidates, dtype=torch.float32, group=None, iters=None,
         order = range(len(candidates)) if r % 2 == 0 else reversed(range(len(candidates)))
         for i in order:
             backend, chunk_bytes = candidates[i]
-            call, actual = make_call(op, nbytes, backend, dtype, group, chunk_bytes)
-            seconds = time_call(call, per_round, warmup if r == 0 else min(warmup, 2), group, backend)
+            call, actual = make_call(op, nbytes, backend, dtype, group, chunk_bytes, rt)
+            seconds = time_call(call, per_round, warmup if r == 0 else min(warmup, 2), group, backend, rt)
             best[i] = min(best[i], seconds / 2 if op == "send_recv" else seconds)
     return best, actual

@@ -7,8 +7,9 @@ same winner, and the group sticks to it for that bucket from then on.
 
 Why this is safe inside a running job: all ranks of a group issue the same ops in the same
 order, so they all meet a new bucket at the same call and measure together; the measurement
-names its backends explicitly (it never asks the tuner to choose, so it cannot recurse); and
-it only runs ops to completion on backends whose earlier ops were issued by every rank.
+runs through the runtime the tuner was given and names every backend it times or agrees on,
+so it never asks the tuner to choose (it cannot recurse); and it only runs ops to completion
+on backends whose earlier ops were issued by every rank.
 Ops without a collective over the group (send/recv, where only two ranks choose) and
 non-CPU tensors are left to the default order.
 
@@ -34,6 +35,11 @@ def bucket(nbytes: int) -> tuple:
     return (0 if k == 0 else 1 << (k - 1)), 1 << k
 
 
+def _group_order(gid) -> tuple:
+    """Sort key for a group's key: the runtime's numbered groups first, then torch's named ones."""
+    return (0, gid, "") if isinstance(gid, int) else (1, 0, str(gid))
+
+
 class OnlineTuner:
     online = True
 
@@ -49,11 +55,10 @@ class OnlineTuner:
         self.margin, self.iters, self.warmup, self.rounds, self.chunks = margin, iters, warmup, rounds, tuple(chunks)
         self.decisions = {}  # (gid, op, dtype, low) -> (group_size, high, Choice, latency_us, nbytes)
         self.measured = 0  # how many buckets were measured (a test reads it)
-        self._busy = False
 
     # --- the runtime's interface -------------------------------------------------------------
     def decide(self, family, nbytes, group, dtype, device_type, reduce_op):
-        if family not in TUNABLE_ONLINE or device_type != "cpu" or self._busy:
+        if family not in TUNABLE_ONLINE or device_type != "cpu":
             return None
         low, high = bucket(nbytes)
         key = (group.gid, family, dtype_name(dtype), low)
@@ -88,14 +93,12 @@ class OnlineTuner:
     def _measure(self, family, nbytes, group, dtype, candidates) -> dict:
         rt = self.rt
         saved_log, rt.comm_log = rt.comm_log, None  # the comm log shows the job's traffic, not ours
-        self._busy = True
         try:
             iters = min(self.iters, measure.iterations_for(nbytes))
             timed = [(c.backend, c.chunk_bytes) for c in candidates]
-            seconds, _ = measure.compare(family, nbytes, timed, dtype, group, iters, self.warmup, self.rounds)
+            seconds, _ = measure.compare(family, nbytes, timed, dtype, group, iters, self.warmup, self.rounds, rt)
             out = {label(c): round(t * 1e6, 3) for c, t in zip(candidates, seconds)}
         finally:
-            self._busy = False
             rt.comm_log = saved_log
         self.measured += 1
         return out
@@ -103,8 +106,10 @@ class OnlineTuner:
     # --- what was learned --------------------------------------------------------------------
     def table(self) -> TuningTable:
         entries = []
-        ordered = sorted(self.decisions.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[1][0], kv[0][0], kv[0][3]))
-        for (gid, op, dtype, low), (size, high, choice, latency, nbytes) in ordered:
+        ordered = sorted(
+            self.decisions.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[1][0], _group_order(kv[0][0]), kv[0][3])
+        )
+        for (_gid, op, dtype, low), (size, high, choice, latency, nbytes) in ordered:
             last = entries[-1] if entries else None
             if (
                 last is not None
