@@ -10,9 +10,12 @@ Why mixing backends cannot deadlock (the rule the code keeps):
   2. Each backend runs its own ops in issue order: gloo/nccl queue them per process group;
      MPI matches collectives per communicator in call order and its blocking calls progress
      every pending request of that library.
-  3. No backend's progress depends on another backend: gloo runs on its own threads, MPI is
-     progressed inside the MPI calls of the issuing thread, and a blocking call only waits for
-     peers on its own backend.
+  3. No backend's progress depends on another backend: gloo and nccl progress on their own
+     threads and streams; MPI's nonblocking ops progress only inside MPI calls, so a rank that
+     blocks on gloo or nccl (a blocking op, or a wait on a handle) while it has MPI ops in
+     flight keeps calling MPI (a test of those requests, then a short sleep) until it can go
+     on. Without this a peer waiting for such an MPI op would wait for a rank that waits for
+     it on gloo: tests/mcr/scripts/cross_progress.py deadlocked that way.
   Hence if every rank issues the same sequence, by induction the first incomplete op has been
   reached by every rank on the same backend, with all earlier ops on that backend posted
   before it, and completes. tests/mcr/test_robustness.py checks this with random interleavings (scripts/stress.py).
@@ -104,6 +107,10 @@ class Runtime:
         self._in_flight = deque()
         self._in_flight_lock = Lock()
         self._sweep_at = 64  # past this many entries, drop every completed one, not just the oldest
+        # Rule 3: the in-flight handles of backends that progress only inside their own calls,
+        # which a rank blocking on another backend keeps moving.
+        self._driven = []
+        self._needs_driving = {name for name, backend in self.backends.items() if not backend.progresses_alone}
         if self.world_size > 1:
             self._abort_job_on_uncaught_exception()
         if self.rank == 0:
@@ -315,6 +322,8 @@ class Runtime:
             return self._run_async(op, group, fn, comm, args)
         if self._in_flight and op.family != "send_recv":
             self._complete_earlier(comm)
+        if self._driven and op.backend not in self._needs_driving:
+            return self._run_driving(op, group, fn, comm, args)
         # the hot path: a 4-byte all-reduce on MPI costs about 1 µs, so every step here counts
         waits, comm_log = self._waits, self.comm_log
         if comm_log is not None:
@@ -340,7 +349,33 @@ class Runtime:
             raise self._error(op, group, exc) from exc
         handle = self._watched(handle, op, group, started)
         self.hold(None if op.family == "send_recv" else comm, handle)
+        if op.backend in self._needs_driving:
+            with self._in_flight_lock:
+                self._driven.append(handle)
         return handle
+
+    def _run_driving(self, op, group, fn, comm, args):
+        """A blocking op on a backend that progresses alone, while MPI ops are in flight: run it
+        as an async op and wait for it while keeping MPI moving (rule 3)."""
+        self.run(op, group, True, fn, comm, args).wait()
+
+    def _drive(self) -> bool:
+        """Let every in-flight MPI op progress, without blocking; True while some remain."""
+        with self._in_flight_lock:
+            pending = list(self._driven)
+        left = [handle for handle in pending if not handle.is_completed()]  # MPI_Test progresses them
+        with self._in_flight_lock:
+            done = {id(handle) for handle in pending} - {id(handle) for handle in left}
+            self._driven = [handle for handle in self._driven if id(handle) not in done]
+            return bool(self._driven)
+
+    def _wait_driving(self, test) -> None:
+        """Return when `test()` is true or no MPI op is left in flight (then the caller blocks
+        as usual). Sleeps grow from 20 µs to 1 ms, so a long wait costs little CPU."""
+        pause = 2e-5
+        while not test() and self._drive():
+            time.sleep(pause)
+            pause = min(2 * pause, 1e-3)
 
     def _run_chunked(self, route, group, tensor, reduce_op, async_op):
         """Large all-reduces run faster as a train of chunks (they stay in cache); each chunk is
@@ -405,14 +440,17 @@ class Runtime:
             self._forget_completed()
 
     def _watched(self, handle, op, group, started):
-        inner_wait = handle._wait
+        inner_wait, inner_test = handle._wait, handle._test
         waits, comm_log = self._waits, self.comm_log
+        drives = op.backend not in self._needs_driving
 
         def wait():
             if waits is not None:
                 thread = get_ident()
                 waits[thread] = op
             try:
+                if drives and self._driven:
+                    self._wait_driving(inner_test)
                 inner_wait()
             except Exception as exc:
                 raise self._error(op, group, exc) from exc

@@ -16,6 +16,9 @@ class BackendUnavailable(RuntimeError):
 class Backend:
     name: str = "?"
     devices: frozenset = frozenset({"cpu"})
+    # False for a library whose nonblocking ops advance only inside its own calls (MPI): the
+    # runtime then keeps them moving while the rank blocks on another backend.
+    progresses_alone: bool = True
 
     def version(self) -> str:
         raise NotImplementedError

@@ -100,6 +100,7 @@ def _is_cuda(a) -> bool:
 
 class MPIBackend(Backend):
     name = "mpi"
+    progresses_alone = False  # Isend/Iallreduce/... advance only inside MPI calls
 
     def __init__(self, launch_info):
         MPI = self.MPI = _load_mpi(launch_info)

@@ -1,6 +1,7 @@
 """Mixing backends never deadlocks; hangs, dead ranks and bad input fail loudly and clearly."""
 
 import os
+import re
 
 import pytest
 
@@ -10,15 +11,58 @@ from tests.ranks import run_script
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 
-@pytest.mark.parametrize("nprocs", [2, 3])
-def test_random_interleaving_of_1000_mixed_ops_completes(nprocs):
+def size_split_table(path, world_size):
+    """A table whose choice flips with message size for every op the stress script issues, on
+    the world and on a 2-rank subgroup (chunked all-reduce above 64 KiB)."""
+    from mcr.tuning.table import Entry, TuningTable
+
+    entries = []
+    for group_size in sorted({world_size, 2}):
+        for op, small, large in [
+            ("all_reduce", "gloo", "mpi"),
+            ("all_gather", "mpi", "gloo"),
+            ("reduce_scatter", "gloo", "mpi"),
+            ("all_to_all", "gloo", "mpi"),
+            ("broadcast", "mpi", "gloo"),
+            ("send_recv", "gloo", "mpi"),
+        ]:
+            entries.append(Entry(op=op, group_size=group_size, min_bytes=0, max_bytes=1024, backend=small))
+            entries.append(Entry(op=op, group_size=group_size, min_bytes=1024, max_bytes=None, backend=large))
+    TuningTable(fingerprint={"world_size": world_size}, entries=entries).save(str(path))
+    return str(path)
+
+
+def assert_every_op_checked(out, nprocs, num_ops):
+    lines = re.findall(r"rank (\d+): stress OK (\d+) ops, (\d+) issued, (\d+) checked", out)
+    assert sorted(int(r) for r, *_ in lines) == list(range(nprocs)), out[-3000:]
+    for r, ops, issued, checked in lines:
+        assert int(ops) == num_ops and issued == checked, (r, issued, checked)
+        if int(r) in (0, nprocs - 1):  # members of every group the script uses issue every op
+            assert int(issued) == num_ops, (r, issued)
+
+
+@pytest.mark.parametrize("nprocs,seed", [(2, 2), (3, 3)])
+def test_random_interleaving_of_1000_mixed_ops_completes(nprocs, seed):
     # the watchdog turns a hang into a failure naming rank, op and backend
-    out = (
-        run_script(nprocs, os.path.join(SCRIPTS, "stress.py"), 1000, nprocs, env={"MCR_WATCHDOG_TIMEOUT": "60"})
-        .check()
-        .output
-    )
-    assert out.count("stress OK 1000 ops") == nprocs, out[-3000:]
+    env = {"MCR_WATCHDOG_TIMEOUT": "60"}
+    out = run_script(nprocs, os.path.join(SCRIPTS, "stress.py"), 1000, seed, env=env).check().output
+    assert_every_op_checked(out, nprocs, 1000)
+
+
+@pytest.mark.parametrize("nprocs,seed", [(2, 11), (3, 12), (3, 13)])
+def test_random_interleaving_with_a_size_dependent_table_completes(tmp_path, nprocs, seed):
+    # the automatic choice flips with size, so uneven all-to-alls agree on their size among async ops
+    table = size_split_table(tmp_path / "table.yaml", nprocs)
+    env = {"MCR_WATCHDOG_TIMEOUT": "60"}
+    out = run_script(nprocs, os.path.join(SCRIPTS, "stress.py"), 500, seed, table, env=env).check().output
+    assert_every_op_checked(out, nprocs, 500)
+
+
+def test_a_rank_blocked_in_gloo_keeps_its_async_mpi_ops_moving():
+    # rank 1 waits for an MPI op that needs rank 0's progress while rank 0 waits in gloo for rank 1
+    env = {"MCR_WATCHDOG_TIMEOUT": "60"}
+    out = run_script(2, os.path.join(SCRIPTS, "cross_progress.py"), env=env, timeout=180).check().output
+    assert out.count("cross progress OK") == 2 and out.count(": OK") == 8, out[-3000:]
 
 
 def test_watchdog_names_rank_op_and_backend_of_a_hang():

@@ -1,7 +1,11 @@
 """Random interleaving of sync and async ops over every backend; same seed on every rank.
 
-Usage: stress.py NUM_OPS SEED. Every result is checked, so a wrong answer fails as loudly as
-a hang (which the watchdog turns into a failure naming rank, op and backend).
+Usage: stress.py NUM_OPS SEED [TABLE.yaml]. Every result is checked as a whole tensor against
+one computed locally, with distinct values per rank, per chunk and per element, so a wrong
+answer or a wrong chunk-to-rank mapping fails as loudly as a hang (which the watchdog turns
+into a failure naming rank, op and backend). With a table that splits ops by message size, the
+automatic choice differs by size, and uneven all-to-alls (whose local sizes differ by rank)
+take the agreed-size path among the async ops. Ops run on the world and on a subgroup.
 """
 
 import random
@@ -10,56 +14,78 @@ import sys
 import torch
 
 import mcr
+from mcr.tuning.table import TuningTable
 
 num_ops, seed = int(sys.argv[1]), int(sys.argv[2])
 rt = mcr.init()
+if len(sys.argv) > 3:
+    rt.table = TuningTable.load(sys.argv[3])
 rank, n = mcr.get_rank(), mcr.get_world_size()
 rng = random.Random(seed)  # identical sequence of choices on every rank
-backends = list(rt.backends) + [None]
-pending = []  # (handle, check) of async ops not yet waited
+backends = list(rt.backends) + [None, None]  # the automatic choice twice as often
+# float32/int64: exact for these small integers on every backend; float64 for the wide range
+DTYPES = [torch.float32, torch.float64, torch.int64]
+GROUPS = [(rt.world, list(range(n)))]
+if n > 2:
+    sub_ranks = [0, n - 1]
+    GROUPS.append((mcr.new_group(sub_ranks), sub_ranks))
+pending = []  # (handle, check, description) of async ops not yet waited
+issued = checked = 0
 
 
-def all_reduce(b, asyn, size):
-    t = torch.full((size,), float(rank + 1))
-    want = n * (n + 1) / 2
-    return mcr.all_reduce(t, backend=b, async_op=asyn), lambda: bool((t == want).all())
+def data(r, chunk, size, dtype):
+    """Rank r's values for one chunk: distinct per rank, chunk and element."""
+    return (torch.arange(size) % 89 + 1000 * r + 100 * chunk).to(dtype)
 
 
-def all_gather(b, asyn, size):
-    out = torch.empty(size * n)
-    h = mcr.all_gather_into_tensor(out, torch.full((size,), float(rank)), backend=b, async_op=asyn)
-    return h, lambda: bool((out.view(n, size)[:, 0] == torch.arange(n).float()).all())
+def all_reduce(g, ranks, b, asyn, size, dtype):
+    t = data(rank, 0, size, dtype)
+    want = sum(data(r, 0, size, dtype) for r in ranks)
+    return mcr.all_reduce(t, group=g, backend=b, async_op=asyn), lambda: torch.equal(t, want)
 
 
-def reduce_scatter(b, asyn, size):
-    out = torch.empty(size)
-    h = mcr.reduce_scatter_tensor(out, torch.ones(size * n), backend=b, async_op=asyn)
-    return h, lambda: bool((out == n).all())
+def all_gather(g, ranks, b, asyn, size, dtype):
+    out = torch.empty(size * len(ranks), dtype=dtype)
+    h = mcr.all_gather_into_tensor(out, data(rank, 0, size, dtype), group=g, backend=b, async_op=asyn)
+    return h, lambda: torch.equal(out, torch.cat([data(r, 0, size, dtype) for r in ranks]))
 
 
-def all_to_all(b, asyn, size):
-    splits = [(rank + j) % 3 + 1 for j in range(n)]  # uneven
-    inp = torch.cat([torch.full((s,), float(rank * 100 + j)) for j, s in enumerate(splits)])
-    out_splits = [(j + rank) % 3 + 1 for j in range(n)]
-    out = torch.empty(sum(out_splits))
-    h = mcr.all_to_all_single(out, inp, out_splits, splits, backend=b, async_op=asyn)
-    want = torch.cat([torch.full((s,), float(j * 100 + rank)) for j, s in enumerate(out_splits)])
-    return h, lambda: bool(torch.equal(out, want))
+def reduce_scatter(g, ranks, b, asyn, size, dtype):
+    out = torch.empty(size, dtype=dtype)
+    inp = torch.cat([data(rank, j, size, dtype) for j in range(len(ranks))])
+    h = mcr.reduce_scatter_tensor(out, inp, group=g, backend=b, async_op=asyn)
+    me = ranks.index(rank)
+    return h, lambda: torch.equal(out, sum(data(r, me, size, dtype) for r in ranks))
 
 
-def broadcast(b, asyn, size):
-    t = torch.full((size,), float(rank))
-    return mcr.broadcast(t, n - 1, backend=b, async_op=asyn), lambda: bool((t == n - 1).all())
+def all_to_all(g, ranks, b, asyn, size, dtype):
+    me, k = ranks.index(rank), len(ranks)
+    unit = max(1, size // 8)
+    in_splits = [((me + j) % 3 + 1) * unit for j in range(k)]  # uneven, and different on each rank
+    out_splits = [((j + me) % 3 + 1) * unit for j in range(k)]
+    inp = torch.cat([data(rank, j, s, dtype) for j, s in enumerate(in_splits)])
+    out = torch.empty(sum(out_splits), dtype=dtype)
+    h = mcr.all_to_all_single(out, inp, out_splits, in_splits, group=g, backend=b, async_op=asyn)
+    want = torch.cat([data(ranks[j], me, s, dtype) for j, s in enumerate(out_splits)])
+    return h, lambda: torch.equal(out, want)
 
 
-def ring(b, asyn, size):
-    buf = torch.empty(size)
-    s = mcr.isend(torch.full((size,), float(rank)), (rank + 1) % n, backend=b)
-    r = mcr.irecv(buf, (rank - 1) % n, backend=b)
+def broadcast(g, ranks, b, asyn, size, dtype):
+    root = ranks[-1]
+    t = data(rank, 0, size, dtype)
+    return mcr.broadcast(t, root, group=g, backend=b, async_op=asyn), lambda: torch.equal(t, data(root, 0, size, dtype))
+
+
+def ring(g, ranks, b, asyn, size, dtype):
+    me, k = ranks.index(rank), len(ranks)
+    buf = torch.empty(size, dtype=dtype)
+    s = mcr.isend(data(rank, 0, size, dtype), ranks[(me + 1) % k], group=g, backend=b)
+    r = mcr.irecv(buf, ranks[(me - 1) % k], group=g, backend=b)
+    prev = ranks[(me - 1) % k]
     if not asyn:
         s.wait(), r.wait()
-        return None, lambda: bool((buf == (rank - 1) % n).all())
-    return _Both(s, r), lambda: bool((buf == (rank - 1) % n).all())
+        return None, lambda: torch.equal(buf, data(prev, 0, size, dtype))
+    return _Both(s, r), lambda: torch.equal(buf, data(prev, 0, size, dtype))
 
 
 class _Both:
@@ -71,24 +97,36 @@ class _Both:
             h.wait()
 
 
+def settle(handle, check, what):
+    global checked
+    handle.wait()
+    if not check():
+        raise AssertionError(f"rank {rank}: async {what} gave a wrong result")
+    checked += 1
+
+
 OPS = [all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, ring]
 for i in range(num_ops):
     op, b, asyn = rng.choice(OPS), rng.choice(backends), rng.random() < 0.5
-    size = rng.choice([1, 7, 64, 1000, 20000])
-    handle, check = op(b, asyn, size)
+    size, dtype = rng.choice([1, 7, 64, 1000, 20000]), rng.choice(DTYPES)
+    group, ranks = rng.choice(GROUPS)
+    settle_now, pick = rng.random() < 0.3, rng.random()  # drawn by every rank, member or not
+    if rank not in ranks:
+        continue  # every rank draws the same numbers; only the group's members issue the op
+    issued += 1
+    what = f"op {i} {op.__name__} on {b} {dtype} x{size} group {ranks}"
+    handle, check = op(group, ranks, b, asyn, size, dtype)
     if asyn:
-        pending.append((handle, check, op.__name__, b))
+        pending.append((handle, check, what))
     elif not check():
-        raise AssertionError(f"rank {rank}: op {i} {op.__name__} on {b} gave a wrong result")
+        raise AssertionError(f"rank {rank}: {what} gave a wrong result")
+    else:
+        checked += 1
     # wait on a random earlier async op now and then, out of issue order
-    if pending and rng.random() < 0.3:
-        h, chk, name, bb = pending.pop(rng.randrange(len(pending)))
-        h.wait()
-        if not chk():
-            raise AssertionError(f"rank {rank}: async {name} on {bb} gave a wrong result")
-for h, chk, name, bb in pending:
-    h.wait()
-    assert chk(), f"rank {rank}: async {name} on {bb} gave a wrong result"
+    if pending and settle_now:
+        settle(*pending.pop(int(pick * len(pending))))
+for entry in pending:
+    settle(*entry)
 mcr.barrier()
-print(f"rank {rank}: stress OK {num_ops} ops", flush=True)
+print(f"rank {rank}: stress OK {num_ops} ops, {issued} issued, {checked} checked", flush=True)
 mcr.finalize()
