@@ -28,6 +28,7 @@ class RuntimeConfig:
     comm_log_json: Optional[str] = None  # where finalize() writes the log as JSON
     watchdog_timeout_s: float = 600.0  # a rank stuck this long in one op aborts the job
     backends: str = ",".join(KNOWN_BACKENDS)  # which backends to start, where available
+    debug: str = "off"  # detail: before each collective the group's ranks check they make the same call
 
 
 class ConfigError(ValueError):
@@ -67,6 +68,7 @@ ENV_VARS = {
     "MCR_COMM_LOG": ("comm_log", _flag),
     "MCR_COMM_LOG_JSON": ("comm_log_json", _text),
     "MCR_WATCHDOG_TIMEOUT": ("watchdog_timeout_s", _seconds),
+    "MCR_DEBUG": ("debug", _text),
 }
 
 
@@ -102,6 +104,8 @@ def load(config=None, env=None, **kwargs) -> RuntimeConfig:
             )
         if name != "auto":
             _check_backend(name, f"the override for {op}")
+    if cfg.debug not in ("off", "detail"):
+        raise ConfigError(f"bad value {cfg.debug!r} for debug (MCR_DEBUG); choose off or detail")
     for name in cfg.backends.split(","):
         _check_backend(name.strip(), "backends")
     return cfg

@@ -41,7 +41,8 @@ from .backends.base import Backend, BackendUnavailable
 from .backends.mpi import MPIBackend
 from .backends.torch_dist import GlooBackend, NcclBackend
 from .commlog import CommLog
-from .config import RuntimeConfig
+from .config import ConfigError, RuntimeConfig
+from .debug import CallChecker
 from .group import Group
 from .handle import Handle
 from .ops import dtype_name
@@ -111,6 +112,7 @@ class Runtime:
         # which a rank blocking on another backend keeps moving.
         self._driven = []
         self._needs_driving = {name for name, backend in self.backends.items() if not backend.progresses_alone}
+        self._checker = self._call_checker(cfg)
         if self.world_size > 1:
             self._abort_job_on_uncaught_exception()
         if self.rank == 0:
@@ -212,12 +214,31 @@ class Runtime:
                 group.comms[name] = comm
         return group
 
+    def _call_checker(self, cfg):
+        """MCR_DEBUG=detail: a checker that meets the group's ranks on gloo before each collective."""
+        if cfg.debug != "detail":
+            return None
+        gloo = self.backends.get("gloo")
+        if gloo is None:
+            raise ConfigError(
+                f"debug=detail (MCR_DEBUG) checks calls over gloo, which is unavailable here "
+                f"({self.unavailable.get('gloo')}); add gloo to the backends or turn debug off"
+            )
+
+        def gather(group, out, mine):
+            op = OpCall("debug_check", "gloo", mine.nbytes, group.size)
+            self.run(op, group, False, gloo.all_gather_into_tensor, group.comms["gloo"], (out, mine))
+
+        return CallChecker(gather, self.rank)
+
     # --- the routine every op shares ------------------------------------------------------------
     def call(self, family, method, nbytes, group, tensor, explicit, async_op, args, reduce_op=None, after=None):
         """Choose a backend for this call (step 2), run `method` of it with the group's
         communicator, `*args` and `async_op` (step 3, chunked where the table says), then
         `after` (AVG's divide): now for a blocking op, at completion for an async one.
         `nbytes` is the op's message size by its own rule; `tensor` gives dtype and device."""
+        if self._checker is not None and family != "send_recv":
+            self._checker.check(family, group, nbytes, tensor.dtype, reduce_op)
         route = self.route(
             family, nbytes, group, tensor.dtype, "cuda" if tensor.is_cuda else "cpu", explicit, reduce_op
         )
@@ -471,6 +492,8 @@ class Runtime:
 
     # --- shutdown ------------------------------------------------------------------------------
     def finalize(self):
+        if self._checker is not None:  # a rank that skipped a call meets its peers' call here
+            self._checker.check("finalize", self.world, 0, None)
         self._complete_all()  # under the watchdog: a peer that never posts its part is named
         if self.watchdog is not None:
             self.watchdog.stop()
