@@ -19,12 +19,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from mcr.config import ConfigError  # one ConfigError in the repository: the runtime's and the apps'
 
+from .schema import choice as choice  # re-exported: schemas import it from here (model and data modules from .schema)
+
 USAGE = "usage: python -m apps.<app> [--config PRESET.yaml] [key=value ...]"
-
-
-def choice(*values, default=None):
-    """A dataclass field that accepts only `values` (the first is the default unless given)."""
-    return dataclasses.field(default=values[0] if default is None else default, metadata={"choices": values})
 
 
 def load_config(schema: type, argv: list[str]) -> DictConfig:

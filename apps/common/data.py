@@ -14,7 +14,7 @@ from typing import Optional
 
 import torch
 
-from .config import choice
+from .schema import choice
 from .seed import batch_generator
 
 

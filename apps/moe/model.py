@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from apps.common.config import choice
+from apps.common.schema import choice
 
 
 @dataclass
