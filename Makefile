@@ -33,8 +33,9 @@ lint: setup
 bench: setup
 	$(PY) -m launch.local -n 2 -m mcr.bench
 
-compare: setup
-	$(PY) -m apps.moe.compare -n 2 --repeats 3
+APP ?= moe
+compare: setup  # `make compare APP=dense|dlrm` for the other trainers
+	$(PY) -m apps.common.compare --app $(APP) -n 2 --repeats 3
 
 tune: setup
 	$(PY) -m launch.local -n 2 -m mcr.tune --out runs/tuning/table.yaml

@@ -6,8 +6,7 @@ by default) and the run summary every trainer writes.
     log = MetricsLog(run_dir, rank, steps, fields=LM_FIELDS)
     meter.step(seconds, comm_seconds)        # once per optimizer step
     log.write(step, loss=..., **meter.interval())
-    summary = meter.summary(steps=..., wall_s=..., world_size=..., comm_backend=...)
-    log.print(summary_line(summary)); write_summary(run_dir, summary)   # the latter on rank 0
+    log.close(meter.summary(steps=..., wall_s=..., world_size=..., comm_backend=...))   # summary.json
 """
 
 from __future__ import annotations
@@ -165,6 +164,7 @@ class MetricsLog:
         self._file = self._bar = self._wandb = None
         if not self.enabled:
             return
+        self.run_dir = run_dir
         self.path = os.path.join(run_dir, "metrics.jsonl")
         self._file = open(self.path, "a" if resume else "w", buffering=1)  # line-buffered: readable while running
         if progress:
@@ -213,11 +213,15 @@ class MetricsLog:
         if self.enabled:
             (self._bar.write if self._bar is not None else print)(text)
 
-    def close(self) -> None:
+    def close(self, summary: Optional[dict] = None) -> None:
+        """End the log; with the run's `summary`, print its line and write summary.json."""
         if not self.enabled:
             return
         if self._bar is not None:
             self._bar.close()
+        if summary is not None:
+            print(summary_line(summary), flush=True)
+            write_summary(self.run_dir, summary)
         if self._wandb is not None:
             self._wandb.finish()
         self._file.close()

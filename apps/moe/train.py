@@ -9,6 +9,7 @@ validation and checkpoints -> communication table.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -17,9 +18,9 @@ import torch
 
 from apps.common.checkpoint import latest_tag, mark_latest, step_of, tag_for
 from apps.common.comm import comm_seconds, finalize_comm, setup_deepspeed_comm
-from apps.common.config import load_config, save_resolved, to_dict
+from apps.common.config import load_config, save_resolved, to_dict, write_atomic
 from apps.common.data import TokenBatches
-from apps.common.metrics import LM_FIELDS, Meter, MetricsLog, summary_line, write_summary
+from apps.common.metrics import LM_FIELDS, Meter, MetricsLog
 from apps.common.seed import seed_step
 from apps.moe.config import MoEConfig, validate
 from apps.moe.model import GPTMoE, count_params, lm_loss
@@ -63,6 +64,32 @@ def banner(cfg, dims, engine, model, start, end, run_dir) -> str:
     )
 
 
+def all_ranks_mean(values: list, world: int) -> list:
+    import deepspeed.comm as dist
+
+    buf = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(buf)
+    return (buf / world).tolist()
+
+
+def evaluate(engine, data, iters: int, world: int) -> float:
+    """Validation loss, averaged over `iters` held-out batches and over the ranks."""
+    engine.eval()
+    with torch.no_grad():
+        losses = [
+            lm_loss(engine(x.to(engine.device))[0], y.to(engine.device)).item()
+            for x, y in (data.get(i, "val") for i in range(iters))
+        ]
+    engine.train()
+    return all_ranks_mean([sum(losses) / len(losses)], world)[0]
+
+
+def save_checkpoint(engine, ckpt_dir: str, step: int, keep: int, rank: int) -> None:
+    engine.save_checkpoint(ckpt_dir, tag=tag_for(step), client_state={"step": step}, save_latest=False)
+    if rank == 0:  # save_checkpoint ends with a barrier: every rank's files are complete
+        mark_latest(ckpt_dir, tag_for(step), keep=keep)
+
+
 def main(argv=None) -> dict:
     # 1. Config: every check that needs no process group happens here.
     cfg = load_config(MoEConfig, sys.argv[1:] if argv is None else argv)
@@ -80,9 +107,11 @@ def main(argv=None) -> dict:
 
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg.model.ep_size = dims.ep  # 0 meant all ranks; the saved config says how many
-    if rank == 0:
+    ds_config = deepspeed_config(cfg)
+    if rank == 0:  # the run directory records what was asked and what DeepSpeed was given
         os.makedirs(run_dir, exist_ok=True)
         save_resolved(cfg, os.path.join(run_dir, "config.yaml"))
+        write_atomic(os.path.join(run_dir, "ds_config.json"), json.dumps(ds_config, indent=1))
 
     # 3. Model: the same seed on every rank gives the same dense weights; the MoE layers hold
     #    num_experts / ep_size local experts each.
@@ -94,7 +123,7 @@ def main(argv=None) -> dict:
     param_groups = split_params_into_different_moe_groups_for_optimizer(
         {"params": list(model.parameters()), "name": "params"}
     )
-    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups, config=deepspeed_config(cfg))
+    engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups, config=ds_config)
     device = engine.device
 
     # 5. Resume from the latest complete checkpoint.
@@ -125,26 +154,6 @@ def main(argv=None) -> dict:
     )
     log.print(banner(cfg, dims, engine, model, start, end, run_dir))
 
-    def all_ranks_mean(values):
-        buf = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(buf)
-        return (buf / world).tolist()
-
-    def evaluate():
-        engine.eval()
-        with torch.no_grad():
-            losses = [
-                lm_loss(engine(x.to(device))[0], y.to(device)).item()
-                for x, y in (data.get(i, "val") for i in range(cfg.eval_iters))
-            ]
-        engine.train()
-        return all_ranks_mean([sum(losses) / len(losses)])[0]
-
-    def save_checkpoint(step):
-        engine.save_checkpoint(ckpt_dir, tag=tag_for(step), client_state={"step": step}, save_latest=False)
-        if rank == 0:  # save_checkpoint ends with a barrier: every rank's files are complete
-            mark_latest(ckpt_dir, tag_for(step), keep=cfg.checkpoint.keep)
-
     # 7. Training loop.
     lm_sum = aux_sum = 0.0
     seen = 0
@@ -169,29 +178,24 @@ def main(argv=None) -> dict:
         log.advance()
 
         if step % cfg.log_interval == 0 or step == end:
-            loss, aux_loss = all_ranks_mean([lm_sum / seen, aux_sum / seen])
+            loss, aux_loss = all_ranks_mean([lm_sum / seen, aux_sum / seen], world)
             values = {"loss": loss, "aux_loss": aux_loss, **meter.interval(), "lr": engine.get_lr()[0]}
             if (cfg.eval_interval and step % cfg.eval_interval == 0) or step == cfg.train.steps:
-                values["val_loss"] = evaluate()
+                values["val_loss"] = evaluate(engine, data, cfg.eval_iters, world)
             log.write(step, **values)
             lm_sum = aux_sum = 0.0
             seen = 0
         if cfg.checkpoint.enabled and (
             (cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0) or step == end
         ):
-            save_checkpoint(step)
+            save_checkpoint(engine, ckpt_dir, step, cfg.checkpoint.keep, rank)
 
-    # 8. Summary, the communication table, shutdown.
+    # 8. Summary (rank 0 prints it and writes summary.json), the communication table, shutdown.
+    backend = to_dict(cfg.comm)["backend"]
     summary = meter.summary(
-        steps=end - start,
-        world_size=world,
-        comm_backend=to_dict(cfg.comm)["backend"],
-        wall_s=time.perf_counter() - started,
+        steps=end - start, world_size=world, comm_backend=backend, wall_s=time.perf_counter() - started
     )
-    log.print(summary_line(summary))
-    if rank == 0:
-        write_summary(run_dir, summary)
-    log.close()
+    log.close(summary)
     dist.barrier()
     finalize_comm()
     return summary

@@ -13,6 +13,7 @@ import torch
 import mcr
 from apps.common.checkpoint import latest_tag, mark_latest, step_of, tag_for
 from apps.common.comm import CommConfig, check_comm, runtime_config, setup_torch_comm
+from apps.common.compare import App, find_app, known_apps, table
 from apps.common.config import ConfigError, choice, load_config, save_resolved
 from apps.common.data import ByteTokenizer, DataConfig, TokenBatches
 from apps.common.metrics import (
@@ -24,7 +25,6 @@ from apps.common.metrics import (
     read_jsonl,
     summarize,
     summary_line,
-    write_summary,
 )
 from apps.common.parallel_dims import ParallelDims
 from apps.common.seed import batch_generator, step_seed
@@ -222,7 +222,7 @@ def test_each_app_declares_its_line_fields():
     assert lm == "step 3/9 | loss 0.5000 | 1 tok/s | 12,345.6 samples/s | step 8.0 ms | lr 1.00e-03"  # no auc
 
 
-def test_summary_in_the_apps_unit_skips_warmup_and_splits_comm(tmp_path):
+def test_summary_in_the_apps_unit_skips_warmup_and_splits_comm(tmp_path, capsys):
     meter = Meter(warmup=2, samples=100)
     for seconds, comm in [(9.0, 1.0), (9.0, 1.0)] + [(0.1 * i, 0.01 * i) for i in range(1, 11)]:
         meter.step(seconds, comm)
@@ -234,8 +234,10 @@ def test_summary_in_the_apps_unit_skips_warmup_and_splits_comm(tmp_path):
     assert (s["samples_per_s"], s["p10_samples_per_s"]) == pytest.approx((100 / 0.55, 100 / 0.2))
     assert (s["world_size"], s["comm_backend"], s["steps"]) == (2, "gloo", 12)
     assert summary_line(s) == "done: 12 steps in 20.0 s; median step 550.0 ms, 181.8 samples/s, comm 55.0 ms/step"
-    write_summary(str(tmp_path), s)
-    assert json.loads((tmp_path / "summary.json").read_text()) == s
+    MetricsLog(str(tmp_path / "other"), rank=1, total_steps=12).close(s)  # rank 1: nothing written
+    MetricsLog(str(tmp_path), rank=0, total_steps=12, progress=False).close(s)
+    assert json.loads((tmp_path / "summary.json").read_text()) == s and not (tmp_path / "other").exists()
+    assert capsys.readouterr().out == summary_line(s) + "\n"
 
 
 def test_summary_without_comm_timings_claims_no_split():
@@ -316,3 +318,45 @@ def test_groups_built_on_real_ranks_hold_the_layouts_ranks(kind, nprocs, tp, pp,
     dims = 5 if ep > 1 else 3
     for rank in range(nprocs):
         assert f"OK rank {rank} " in result.output and f"checked {dims * 2}" in result.output, result.output
+
+
+# --- compare -----------------------------------------------------------------------------------
+def _summary(rate, unit="tokens", comm=1.0):
+    per_step = {unit: rate / 10} if unit == "samples" else {unit: rate / 10, "samples": rate / 1000}
+    s = summarize([0.1], [None if comm is None else comm / 1e3], per_step, steps=1, wall_s=1.0)
+    s["p10_" + s["throughput"]] = rate * 1.5  # distinct from the median
+    return s
+
+
+def test_compare_table_reports_gain_over_each_single_backend():
+    rows = {"gloo": [_summary(1000), _summary(1200)], "mpi": [_summary(2200)], "auto": [_summary(2420), None]}
+    text = table(rows, 2, "x", "DS-MoE")
+    lines = text.splitlines()
+    assert lines[0].startswith("DS-MoE throughput: x, 2 ranks, 2 run(s) per backend")
+    assert lines[1].split() == "backend tokens/s samples/s step ms compute comm p10 tokens/s vs gloo vs mpi".split()
+    auto = next(line for line in lines if line.startswith("auto")).split()
+    # 2420 vs gloo's median 1100, vs mpi's 2200; step 100 ms = compute 99 + comm 1
+    assert auto == ["auto", "2,420", "24.2", "100.0", "99.0", "1.0", "3,630", "+120.0%", "+10.0%"]
+    assert "failed" in table({"gloo": [_summary(1)], "mpi": [None]}, 2, "x")
+
+
+def test_compare_table_ranks_by_the_apps_own_unit():
+    rows = {"gloo": [_summary(500, "samples")], "auto": [_summary(600, "samples", comm=None)]}
+    lines = table(rows, 4, "default.yaml", "DLRM").splitlines()
+    assert lines[1].split() == "backend samples/s step ms compute comm p10 samples/s vs gloo".split()
+    assert next(line for line in lines if line.startswith("auto")).split() == [
+        "auto",
+        "600.0",
+        "100.0",
+        "-",
+        "-",
+        "900",
+        "+20.0%",
+    ]
+
+
+def test_compare_finds_each_apps_own_settings_and_refuses_unknown_apps():
+    assert find_app("moe") == App("moe", title="DS-MoE") and "moe" in known_apps()
+    assert find_app("moe").default_config.endswith(os.path.join("configs", "moe", "default.yaml"))
+    with pytest.raises(SystemExit, match=r"unknown app 'mooe'; choose from .*moe"):
+        find_app("mooe")
