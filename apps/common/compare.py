@@ -39,6 +39,7 @@ class App:
     name: str  # runs `python -m apps.<name>`
     title: str = ""  # the table's heading (default: the name)
     config: str = ""  # default preset (default: configs/<name>/default.yaml)
+    quiet: tuple = QUIET  # overrides for a compare run, if the app's keys differ
 
     @property
     def module(self) -> str:
@@ -75,7 +76,7 @@ def run_one(app: App, choice: str, args, overrides, repeat: int) -> Optional[dic
     if choice == "auto" and args.tuning:
         extra.append(f"comm.tuning={args.tuning}")
     cmd = [sys.executable, "-m", "launch.local", "-n", str(args.nprocs), "--launcher", args.launcher]
-    cmd += ["-m", app.module, "--config", args.config, *overrides, *extra, *QUIET]
+    cmd += ["-m", app.module, "--config", args.config, *overrides, *extra, *app.quiet]
     cmd += [f"out_dir={args.out}", f"name={name}"]
     print(f"compare: {choice} (run {repeat + 1}/{args.repeats}): {' '.join(cmd[1:])}", flush=True)
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
