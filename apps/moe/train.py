@@ -192,9 +192,8 @@ def main(argv=None) -> dict:
 
     # 8. Summary (rank 0 prints it and writes summary.json), the communication table, shutdown.
     backend = to_dict(cfg.comm)["backend"]
-    summary = meter.summary(
-        steps=end - start, world_size=world, comm_backend=backend, wall_s=time.perf_counter() - started
-    )
+    wall_s, threads = time.perf_counter() - started, torch.get_num_threads()
+    summary = meter.summary(steps=end - start, world_size=world, comm_backend=backend, wall_s=wall_s, threads=threads)
     log.close(summary)
     dist.barrier()
     finalize_comm()

@@ -2,10 +2,10 @@
 
     torchrun --nproc-per-node 2 moe_stock_deepspeed_script.py RUN_DIR OUT.json
 
-Reads the resolved config.yaml and ds_config.json an `apps.moe` run wrote in RUN_DIR, builds the
-same model with the same seed, and trains it with `deepspeed.init_distributed(dist_backend="gloo")`
-on the same batches and per-step seeds, in the trainer's loop; rank 0 writes the mean training
-loss over ranks of each step to OUT.json. Only modules that do not import mcr are used (the
+Reads the resolved config.yaml, ds_config.json and summary.json (its thread count) an `apps.moe`
+run wrote in RUN_DIR, builds the same model with the same seed, and trains it with
+`deepspeed.init_distributed(dist_backend="gloo")` on the same batches and per-step seeds, in the
+trainer's loop; rank 0 writes the mean training loss over ranks of each step to OUT.json. Only modules that do not import mcr are used (the
 model, the token data and the seeds), and the script checks at the end that mcr never loaded.
 """
 
@@ -31,7 +31,8 @@ t = cfg.train
 
 deepspeed.init_distributed(dist_backend="gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
-torch.set_num_threads(t.threads or max(1, (os.cpu_count() or 1) // world))  # as the trainer (one node)
+with open(os.path.join(run_dir, "summary.json")) as f:
+    torch.set_num_threads(json.load(f)["threads"])  # as many as the trainer used: the same kernels
 torch.manual_seed(t.seed)
 model = GPTMoE(cfg.model)
 param_groups = split_params_into_different_moe_groups_for_optimizer({"params": list(model.parameters()), "name": "p"})
