@@ -90,7 +90,7 @@ class Runtime:
         table = self._read_table(cfg, info)
 
         mpi = self._try("mpi", wanted, lambda: MPIBackend(info))
-        self.store = store if store is not None else self._make_store(info, mpi)
+        self.store = store if store is not None else self._make_store(info, mpi, self.unavailable.get("mpi"))
         self._try("gloo", wanted, lambda: GlooBackend(self.store, info.rank, info.world_size, cfg.watchdog_timeout_s))
         self._try("nccl", wanted, lambda: NcclBackend(self.store, info.rank, info.world_size, cfg.watchdog_timeout_s))
 
@@ -140,7 +140,7 @@ class Runtime:
         return backend
 
     @staticmethod
-    def _make_store(info, mpi):
+    def _make_store(info, mpi, why_no_mpi):
         """One TCP store for all torch backends' rendezvous."""
         addr, port = info.master_addr, info.master_port
         is_server = info.rank == 0
@@ -155,9 +155,11 @@ class Runtime:
             if info.world_size == 1:
                 addr, port = "127.0.0.1", launch_env.free_port()
             else:
+                # under an MPI launcher the address comes through MPI: say why MPI could not give it
+                fix = f"mpi is unavailable ({why_no_mpi}), so " if why_no_mpi and info.launcher != "torchrun" else ""
                 raise RuntimeError(
                     f"mcr.init: rank {info.rank} of {info.world_size} (launcher {info.launcher}) has no rendezvous "
-                    "address; set MASTER_ADDR and MASTER_PORT, or launch with mpiexec"
+                    f"address; {fix}set MASTER_ADDR and MASTER_PORT, or launch with mpiexec and mpi in the backends"
                 )
         store = dist.TCPStore(addr, port, info.world_size, is_server, timedelta(seconds=300), wait_for_workers=False)
         return dist.PrefixStore("mcr/", store)

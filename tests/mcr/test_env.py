@@ -2,10 +2,12 @@
 made-up multi-node jobs (2 nodes x 4 or 8 ranks); the rank checked sits on the second node."""
 
 import logging
+import os
 
 import pytest
 
 from mcr.env import discover, mpi_plugin_hint, port_for_job, slurm_tasks_on_node, threads_per_rank
+from tests.ranks import run_script
 
 
 @pytest.fixture
@@ -177,3 +179,15 @@ def test_threads_come_from_the_cpus_the_job_gave_each_rank():
     assert threads_per_rank(8, {"OMP_NUM_THREADS": "6"}) == 6
     assert threads_per_rank(8, {"SLURM_CPUS_PER_TASK": "5"}) == 5
     assert threads_per_rank(1, {}) >= 1
+
+
+def test_an_mpi_launch_without_mpi_in_the_backends_says_why_it_has_no_rendezvous():
+    # under mpiexec the rendezvous address travels over MPI; with gloo alone there is none to use
+    probe = os.path.join(os.path.dirname(__file__), "..", "launch", "probe.py")
+    result = run_script(2, probe, "backends=gloo", timeout=120)
+    assert result.returncode != 0, result.output[-2000:]
+    for rank in (0, 1):
+        assert (
+            f"rank {rank} of 2 (launcher openmpi) has no rendezvous address; "
+            "mpi is unavailable (not in the configured backends list)" in result.output
+        ), result.output[-2000:]
