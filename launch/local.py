@@ -13,12 +13,6 @@ import shutil
 import subprocess
 import sys
 
-# Open MPI busy-polls inside blocking calls; on a machine with as many ranks as cores that
-# starves gloo's and the trainer's threads. Yielding when idle must be set before MPI_Init reads
-# it: the launchers here and the job scripts export it, and mcr's MPI backend sets it as a default.
-# (Defined here, not in mcr, so that launching imports neither torch nor mpi4py.)
-MPI_LAUNCH_DEFAULTS = {"OMPI_MCA_mpi_yield_when_idle": "1"}
-
 
 def mpiexec_command(nprocs: int, target: list[str]) -> list[str]:
     mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
@@ -27,8 +21,6 @@ def mpiexec_command(nprocs: int, target: list[str]) -> list[str]:
     cmd = [mpiexec, "-n", str(nprocs), "--oversubscribe", "--bind-to", "none"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
-    for key in MPI_LAUNCH_DEFAULTS:
-        cmd += ["-x", key]
     return cmd + [sys.executable] + target
 
 
@@ -59,11 +51,8 @@ def main(argv=None) -> int:
         parser.error("name a script or -m module to run")
     if args.launcher == "torchrun" and target[0] == "-m":
         target = ["--module"] + target[1:]
-    env = dict(os.environ)
-    for key, value in MPI_LAUNCH_DEFAULTS.items():
-        env.setdefault(key, value)
     make = mpiexec_command if args.launcher == "mpiexec" else torchrun_command
-    return subprocess.call(make(args.nprocs, target), env=env)
+    return subprocess.call(make(args.nprocs, target))
 
 
 if __name__ == "__main__":

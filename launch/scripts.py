@@ -18,7 +18,6 @@ import shlex
 import sys
 from dataclasses import dataclass
 
-from launch.local import MPI_LAUNCH_DEFAULTS
 from launch.systems import REPO, System, walltime
 
 
@@ -99,7 +98,6 @@ def _exports(job: Job) -> dict[str, str]:
         "OMP_NUM_THREADS": str(s.cpus_per_task),
         "MKL_NUM_THREADS": str(s.cpus_per_task),
         "TORCH_EXTENSIONS_DIR": "$RUN_DIR/torch_extensions",
-        **MPI_LAUNCH_DEFAULTS,
     }
     return {**env, **{key: shlex.quote(value) for key, value in s.env.items()}}
 

@@ -14,11 +14,14 @@ import os
 
 import torch
 
-from launch.local import MPI_LAUNCH_DEFAULTS  # yield when idle; see there
-
 from ..env import mpi_plugin_hint
 from ..handle import from_mpi_request
 from .base import Backend, BackendUnavailable
+
+# Open MPI busy-polls inside blocking calls; on a machine with as many ranks as cores that
+# starves gloo's and the trainer's threads. Read at MPI_Init, so set (as a default the user's
+# environment overrides) before mpi4py starts MPI, in every rank, whatever launched it.
+MPI_DEFAULTS = {"OMPI_MCA_mpi_yield_when_idle": "1"}
 
 
 def _load_mpi(launch_info):
@@ -27,7 +30,7 @@ def _load_mpi(launch_info):
             f"launched by {launch_info.launcher}, which gives no MPI world; "
             "launch with mpiexec/mpirun, srun --mpi=pmix or jsrun to use MPI"
         )
-    for key, value in MPI_LAUNCH_DEFAULTS.items():
+    for key, value in MPI_DEFAULTS.items():
         os.environ.setdefault(key, value)
     try:
         import mpi4py

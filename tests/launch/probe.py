@@ -6,6 +6,7 @@ all-gathers (rank, local rank, local world size, node id from the launcher's vie
 rendezvousing at the MASTER_ADDR/PORT the job script exported; rank 0 prints them.
 """
 
+import os
 import sys
 
 import torch
@@ -25,4 +26,5 @@ if info.rank == 0:
     for row in everyone:
         print("probe: rank {} local {} of {} world {}".format(*row.tolist()), flush=True)
     print(f"probe: threads {threads_per_rank(info.local_world_size)} (the trainers' rule)", flush=True)
+    print(f"probe: mpi_yield_when_idle {os.environ.get('OMPI_MCA_mpi_yield_when_idle')}", flush=True)
 mcr.finalize()

@@ -84,7 +84,6 @@ def test_every_script_sets_up_the_environment_the_trainers_read():
             "\nWANDB_MODE=${WANDB_MODE:-offline}",
             "\nOMP_NUM_THREADS=",
             "\nTORCH_EXTENSIONS_DIR=$RUN_DIR/torch_extensions",
-            "\nOMPI_MCA_mpi_yield_when_idle=1",
         ):
             assert line in text, (system, line)
         exported = text.split("\nexport LOCAL_WORLD_SIZE ", 1)[1].split("\n")[0].split() + ["LOCAL_WORLD_SIZE"]

@@ -169,6 +169,7 @@ def test_srun_plugins_give_an_mpi_world_or_name_the_plugin_to_use(slurm, system,
     assert f"probe: launcher srun --mpi={plugin}" in text
     if plugin == "pmix":  # the Open MPI wheel speaks PMIx: a 2-rank MPI world
         assert "probe: backends mpi, gloo" in text, text
+        assert "probe: mpi_yield_when_idle 1" in text, text  # the runtime's own default; the script sets none
     else:  # it does not speak PMI-2: singletons, so MPI is unavailable, and the message says what to use
         assert "probe: backends gloo" in text, text
         assert "srun --mpi=pmi2 started this rank" in text and "Open MPI 5 needs srun --mpi=pmix" in text, text
