@@ -22,7 +22,7 @@ from apps.common.checkpoint import latest_tag, mark_latest, step_of, tag_for
 from apps.common.comm import comm_seconds, finalize_comm, setup_deepspeed_comm
 from apps.common.config import load_config, save_resolved, to_dict, write_atomic
 from apps.common.data import TokenBatches
-from apps.common.metrics import LM_FIELDS, Meter, MetricsLog, summary_line, write_summary
+from apps.common.metrics import LM_FIELDS, Meter, MetricsLog
 from apps.common.seed import seed_step
 from apps.dense.config import DenseConfig, validate
 from apps.dense.model import GPT, TensorParallel, count_params, layer_specs, lm_loss
@@ -252,18 +252,16 @@ def main(argv=None) -> dict:
         ):
             save_checkpoint(step)
 
-    # 8. Summary, the communication table, shutdown.
+    # 8. Summary (rank 0 prints it and writes summary.json), the communication table, shutdown.
     summary = meter.summary(
         steps=end - start,
         world_size=world,
         parallel=str(dims),
         comm_backend=to_dict(cfg.comm)["backend"],
         wall_s=time.perf_counter() - started,
+        threads=torch.get_num_threads(),
     )
-    log.print(summary_line(summary))
-    if rank == 0:
-        write_summary(run_dir, summary)
-    log.close()
+    log.close(summary)
     dist.barrier()
     finalize_comm()
     return summary

@@ -11,6 +11,8 @@ activations) is off by 1e-3 or more from step 2 or 4.
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -18,7 +20,7 @@ import torch
 from apps.common.config import ConfigError, load_config
 from apps.dense.config import DenseConfig, validate
 from apps.dense.train import main
-from tests.ranks import REPO, run_ranks
+from tests.ranks import REPO, clean_env, run_ranks
 
 TINY = os.path.join(REPO, "configs", "dense", "tiny.yaml")
 CLUSTER = os.path.join(REPO, "configs", "bapipe", "cpu-2proc.yaml")
@@ -35,6 +37,19 @@ def train(out_dir, name, *overrides, nprocs=2, timeout=400):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         metrics = [json.loads(line) for line in f]
     return result.output, metrics, run_dir
+
+
+def compare(out_dir, backend, *overrides):
+    """One job through `python -m apps.dense.compare`, as a user runs it: (its table, metrics, run dir)."""
+    cmd = [sys.executable, "-m", "apps.dense.compare", "--config", TINY, "--backends", backend, f"--out={out_dir}"]
+    env = dict(clean_env(), PYTHONPATH=REPO, WANDB_MODE="disabled")
+    proc = subprocess.run(cmd + list(overrides), cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    table = proc.stdout[proc.stdout.index("Dense GPT (Megatron-style) throughput: tiny.yaml, 2 ranks") :]
+    run_dir = os.path.join(out_dir, f"compare-dense-{backend}-r0")
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        metrics = [json.loads(line) for line in f]
+    return table, metrics, run_dir
 
 
 def losses(metrics):
@@ -62,7 +77,7 @@ def runs(tmp_path_factory):
         json.dump(profile, f)
     launches = {
         "one-rank": lambda: train(out_dir, "one-rank", nprocs=1),
-        "tp2-zero2": lambda: train(out_dir, "tp2-zero2", "parallel.tensor=2", "train.zero_stage=2"),
+        "tp2-zero2": lambda: compare(out_dir, "mpi", "parallel.tensor=2", "train.zero_stage=2"),
         "pp2": lambda: (
             train(out_dir, "pp2", "parallel.pipeline=2", "train.stop_after=5", "checkpoint.interval=5"),
             train(out_dir, "pp2", "parallel.pipeline=2", "checkpoint.interval=5", "resume=true"),
@@ -95,9 +110,23 @@ def test_one_rank_reference_learns(runs):
 
 
 def test_tensor_parallel_with_zero2_matches_one_rank(runs):
-    output, metrics, _ = runs("tp2-zero2")
-    assert "tp 2" in output and "DeepSpeedEngine ZeRO-2" in output
+    _, metrics, run_dir = runs("tp2-zero2")
+    with open(os.path.join(run_dir, "config.yaml")) as f:
+        assert "zero_stage: 2" in f.read()
     assert losses(metrics) == pytest.approx(losses(runs("one-rank")[1]), abs=TOL)
+
+
+def test_compare_tabulates_the_dense_run_with_its_step_split(runs):
+    table, _, run_dir = runs("tp2-zero2")  # that run went through `python -m apps.dense.compare`
+    lines = table.splitlines()
+    assert lines[1].split() == "backend tokens/s samples/s step ms compute comm p10 tokens/s vs mpi".split()
+    row = next(line for line in lines if line.startswith("mpi")).split()
+    with open(os.path.join(run_dir, "summary.json")) as f:
+        summary = json.load(f)  # the job ran the backend and layout asked for
+    assert (summary["comm_backend"], summary["steps"], summary["parallel"]) == ("mpi", 8, "pp 1 x dp 1 x tp 2")
+    # TP's all-reduces go through the runtime, so the step splits into compute and comm
+    assert summary["comm_ms"] > 0 and row[1] == f"{summary['tokens_per_s']:,.0f}"
+    assert row[4:6] == [f"{summary['compute_ms']:.1f}", f"{summary['comm_ms']:.1f}"]
 
 
 def test_pipeline_with_resume_matches_one_rank_and_keeps_its_stages(runs):
