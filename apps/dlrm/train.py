@@ -35,7 +35,7 @@ from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from apps.common.checkpoint import latest_tag, mark_latest, step_of, tag_for
 from apps.common.comm import comm_seconds, finalize_comm, setup_torch_comm
 from apps.common.config import ConfigError, load_config, save_resolved, to_dict, write_atomic
-from apps.common.metrics import STEP_TIME, UNIT_TEXT, Meter, MetricsLog, summary_line, write_summary
+from apps.common.metrics import STEP_TIME, UNIT_TEXT, Meter, MetricsLog
 from apps.dlrm.config import DLRMConfig, sharding_types, validate
 from apps.dlrm.data import make_data
 from apps.dlrm.model import build_model, init_tables, table_rows
@@ -244,6 +244,7 @@ def main(argv=None) -> dict:
         with torch.no_grad():
             for batch in itertools.islice(data.batches("val"), cfg.eval_batches):
                 _, (_, logits, labels) = net(batch.to(device))
+                labels = labels.float()  # TorchRec's Criteo readers give int labels
                 loss_sum += F.binary_cross_entropy_with_logits(logits, labels, reduction="sum").item()
                 count += len(labels)
                 auroc.update(torch.sigmoid(logits), labels.long())
@@ -289,11 +290,10 @@ def main(argv=None) -> dict:
         comm_backend=to_dict(cfg.comm)["backend"],
         wall_s=time.perf_counter() - started,
         sharding=kinds,
+        model=type(model.module.model).__name__,
+        data=cfg.data.kind,
     )
-    log.print(summary_line(summary))
-    if rank == 0:
-        write_summary(run_dir, summary)
-    log.close()
+    log.close(summary)  # rank 0 prints its line and writes summary.json
     dist.barrier()
     finalize_comm()
     return summary

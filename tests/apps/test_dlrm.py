@@ -1,14 +1,18 @@
 """The DLRM trainer on real ranks: sharded losses against an unsharded model, every sharding
-type, checkpoint and resume, and the settings that must fail with their messages.
+type on every backend through `python -m apps.dlrm.compare`, checkpoint and resume, and the
+settings that must fail with their messages.
 
 Each 2-rank launch runs the real entry point (`python -m apps.dlrm` under mpiexec) on the tiny
-preset; the runs are shared by the tests through module fixtures, so the file costs four launches.
+preset; the runs are shared by the tests through module fixtures, so the file costs six launches
+(three of them the compare's).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -16,7 +20,8 @@ import torch
 from apps.common.config import ConfigError, load_config
 from apps.common.metrics import read_jsonl
 from apps.dlrm.config import DLRMConfig
-from tests.ranks import REPO, run_ranks
+from tests.apps.test_dlrm_data import write_npy_day
+from tests.ranks import REPO, clean_env, run_ranks
 
 TINY = os.path.join(REPO, "configs", "dlrm", "tiny.yaml")
 STEPS = 6
@@ -51,15 +56,14 @@ def launch(tmp_path, name, *overrides, nprocs=2):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Launch A: TW/RW/TWRW uninterrupted, checkpoint at the end. Launches B and C: the same
-    run stopped after 3 steps with a checkpoint, then resumed. Launch D: all five types."""
+    """Launch A: TW/RW/TWRW uninterrupted. Launches B and C: the same run stopped after 3 steps
+    with a checkpoint, then resumed."""
     tmp = tmp_path_factory.mktemp("dlrm")
     exact = types_override(EXACT_TYPES)
     return {
         "exact": launch(tmp, "exact", exact, f"train.steps={STEPS}"),
         "first": launch(tmp, "resumed", exact, f"train.steps={STEPS}", "train.stop_after=3", "checkpoint.enabled=true"),
         "second": launch(tmp, "resumed", exact, f"train.steps={STEPS}", "resume=true", "checkpoint.enabled=true"),
-        "all": launch(tmp, "all", types_override(ALL_TYPES), "train.steps=8"),
     }
 
 
@@ -119,14 +123,46 @@ def test_sharded_losses_match_an_unsharded_model_for_table_and_row_wise(runs):
     assert 0.5 < records[-1]["auc"] <= 1.0, records[-1]
 
 
-def test_every_sharding_type_trains_on_two_ranks(runs):
-    out, records, plan = runs["all"]
-    assert {p["sharding_type"] for p in plan.values()} == set(ALL_TYPES.values())
-    assert all(plan[t]["sharding_type"] == k for t, k in ALL_TYPES.items()), plan
-    losses = losses_of(records)
-    assert all(torch.isfinite(torch.tensor(losses))), losses
-    assert sum(losses[-3:]) < sum(losses[:3]), losses
-    assert "all_to_all" in out and "reduce_scatter" in out  # the comm table: TorchRec's collectives ran on mcr
+COMPARE_STEPS = 8
+
+
+def test_compare_trains_every_sharding_type_on_each_backend_and_tabulates_them(tmp_path):
+    """`python -m apps.dlrm.compare` on the tiny preset with all five sharding types at once, on
+    DLRM_DCN, reading Criteo's numpy form (files written here) through TorchRec's reader: gloo
+    only, MPI only and the runtime's choice each train, with the same losses, and the table
+    shows each job's samples/s."""
+    npy = tmp_path / "criteo_npy"
+    npy.mkdir()
+    write_npy_day(npy, 0, 256)
+    write_npy_day(npy, 1, 128)
+    out = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "apps.dlrm.compare", "--config", TINY, f"--out={out}", types_override(ALL_TYPES)]
+    cmd += [f"train.steps={COMPARE_STEPS}", "model.interaction=dcn", "data.kind=criteo_npy", f"data.path={npy}"]
+    env = dict(clean_env(), PYTHONPATH=REPO, WANDB_MODE="disabled")
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    table = proc.stdout[proc.stdout.index("DLRM (TorchRec) throughput: tiny.yaml, 2 ranks") :].splitlines()
+    assert table[1].split() == "backend samples/s step ms compute comm p10 samples/s vs gloo vs mpi".split()
+    assert (out / "compare-dlrm.txt").read_text().strip() == "\n".join(table).strip()
+    losses = {}
+    for choice in ("gloo", "mpi", "auto"):
+        run_dir = out / f"compare-dlrm-{choice}-r0"
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert (summary["comm_backend"], summary["steps"]) == (choice, COMPARE_STEPS)
+        assert (summary["model"], summary["data"]) == ("DLRM_DCN", "criteo_npy")
+        row = next(line for line in table if line.startswith(choice)).split()
+        assert row[1] == f"{summary['samples_per_s']:,.1f}", (row, summary)
+        plan = json.loads((run_dir / "sharding_plan.json").read_text())
+        assert {t: p["sharding_type"] for t, p in plan.items()} == ALL_TYPES
+        # TorchRec's collectives ran on mcr, on the backend the row names (auto: MPI first on CPU)
+        comm = {(r["op"], r["backend"]) for r in json.loads((run_dir / "comm_log.json").read_text())}
+        backend = "gloo" if choice == "gloo" else "mpi"
+        assert {("all_to_all", backend), ("reduce_scatter", backend), ("all_reduce", backend)} <= comm, comm
+        losses[choice] = losses_of(read_jsonl(run_dir / "metrics.jsonl"))
+    assert len(losses["gloo"]) == COMPARE_STEPS and all(torch.isfinite(torch.tensor(losses["gloo"])))
+    assert sum(losses["gloo"][-3:]) < sum(losses["gloo"][:3]), losses
+    for choice in ("mpi", "auto"):  # the backend moves the same bytes: the same training
+        torch.testing.assert_close(torch.tensor(losses[choice]), torch.tensor(losses["gloo"]), rtol=LOSS_RTOL, atol=0)
 
 
 def test_resume_continues_the_uninterrupted_loss_curve(runs):
