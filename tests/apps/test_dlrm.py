@@ -42,10 +42,11 @@ def types_override(types: dict) -> str:
     return "sharding.types={" + ",".join(f"{t}: {k}" for t, k in types.items()) + "}"
 
 
-def launch(tmp_path, name, *overrides, nprocs=2):
+def launch(tmp_path, name, *overrides, nprocs=2, launcher="mpiexec"):
     out = run_ranks(
         nprocs,
         ["-m", "apps.dlrm", "--config", TINY, f"out_dir={tmp_path}", f"name={name}", *overrides],
+        launcher=launcher,
         timeout=600,
     ).check()
     run_dir = tmp_path / name
@@ -57,13 +58,15 @@ def launch(tmp_path, name, *overrides, nprocs=2):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Launch A: TW/RW/TWRW uninterrupted. Launches B and C: the same run stopped after 3 steps
-    with a checkpoint, then resumed."""
+    with a checkpoint, then resumed under torchrun (no MPI world: every collective on gloo)."""
     tmp = tmp_path_factory.mktemp("dlrm")
     exact = types_override(EXACT_TYPES)
     return {
         "exact": launch(tmp, "exact", exact, f"train.steps={STEPS}"),
         "first": launch(tmp, "resumed", exact, f"train.steps={STEPS}", "train.stop_after=3", "checkpoint.enabled=true"),
-        "second": launch(tmp, "resumed", exact, f"train.steps={STEPS}", "resume=true", "checkpoint.enabled=true"),
+        "second": launch(
+            tmp, "resumed", exact, f"train.steps={STEPS}", "resume=true", "checkpoint.enabled=true", launcher="torchrun"
+        ),
     }
 
 
@@ -165,13 +168,17 @@ def test_compare_trains_every_sharding_type_on_each_backend_and_tabulates_them(t
         torch.testing.assert_close(torch.tensor(losses[choice]), torch.tensor(losses["gloo"]), rtol=LOSS_RTOL, atol=0)
 
 
-def test_resume_continues_the_uninterrupted_loss_curve(runs):
+def test_resume_under_torchrun_continues_the_uninterrupted_loss_curve(runs):
     _, uninterrupted, _ = runs["exact"]
     out_first, first, _ = runs["first"]
     out_second, second, _ = runs["second"]
     assert [r["step"] for r in first] == [1, 2, 3]
     assert [r["step"] for r in second] == list(range(1, STEPS + 1))  # metrics.jsonl appended on resume
     assert "resuming at step 3" in out_second
+    # saved by ranks that talked over MPI (mpiexec, comm.backend=auto), read by ranks on gloo
+    assert "2 ranks via openmpi" in out_first and "2 ranks via torchrun" in out_second
+    assert "all_to_all     mpi" in out_first and "all_to_all     gloo" in out_second
+    assert "all_to_all     mpi" not in out_second
     torch.testing.assert_close(
         torch.tensor(losses_of(second)), torch.tensor(losses_of(uninterrupted)), rtol=LOSS_RTOL, atol=0
     )
