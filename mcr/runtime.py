@@ -497,8 +497,6 @@ class Runtime:
         if self._checker is not None:  # a rank that skipped a call meets its peers' call here
             self._checker.check("finalize", self.world, 0, None)
         self._complete_all()  # under the watchdog: a peer that never posts its part is named
-        if self.watchdog is not None:
-            self.watchdog.stop()
         if self.comm_log is not None:
             if self.rank == 0:
                 print("mcr communication log (rank 0)\n" + self.comm_log.table(), flush=True)
@@ -506,8 +504,14 @@ class Runtime:
                 path = self.cfg.comm_log_json.replace("{rank}", str(self.rank))
                 if self.rank == 0 or "{rank}" in self.cfg.comm_log_json:
                     self.comm_log.write_json(path)
-        # no rank tears down its connections while a peer still has ops in flight on them
-        for name in self.backends:
-            self.backends[name].barrier(self.world.comms[name], False)
+        # No rank tears down its connections while a peer still has ops in flight on them; these
+        # barriers run under the watchdog, so a peer that never finalizes is named, not waited for.
+        comm_log, self.comm_log = self.comm_log, None  # already printed; the job's traffic only
+        for name, backend in self.backends.items():
+            op = OpCall("finalize", name, 0, self.world.size)
+            self.run(op, self.world, False, backend.barrier, self.world.comms[name], ())
+        self.comm_log = comm_log
+        if self.watchdog is not None:
+            self.watchdog.stop()
         for backend in self.backends.values():
             backend.shutdown()

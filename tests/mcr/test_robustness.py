@@ -65,18 +65,27 @@ def test_a_rank_blocked_in_gloo_keeps_its_async_mpi_ops_moving():
     assert out.count("cross progress OK") == 2 and out.count(": OK") == 8, out[-3000:]
 
 
-def test_watchdog_names_rank_op_and_backend_of_a_hang():
+# The watchdog tests use 10 s: well past gloo's connect at start-up (which shares the timeout), so a
+# slow start on a loaded machine is not mistaken for the hang under test.
+@pytest.mark.parametrize(
+    "mode,named",
+    [
+        ("hang", "in all_reduce on backend mpi"),  # rank 0 blocked in an op rank 1 never issues
+        ("async", "in all_reduce on backend mpi"),  # ... waiting on the handle of such an op
+        ("finalize", "in finalize on backend mpi"),  # ... in finalize(), which rank 1 never calls
+    ],
+)
+def test_watchdog_names_rank_op_and_backend_of_a_hang(mode, named):
     result = run_script(
-        2, os.path.join(SCRIPTS, "hang.py"), "hang", "mpi", env={"MCR_WATCHDOG_TIMEOUT": "3"}, timeout=90
+        2, os.path.join(SCRIPTS, "hang.py"), mode, "mpi", env={"MCR_WATCHDOG_TIMEOUT": "10"}, timeout=150
     )
     assert result.returncode == EXIT_CODE, result.output[-3000:]
-    assert "mcr watchdog: rank 0 has waited" in result.output and "in all_reduce on backend mpi" in result.output
-    assert "unreachable" not in result.output
+    assert "mcr watchdog: rank 0 has waited" in result.output and named in result.output, result.output[-3000:]
 
 
 def test_gloo_timeout_names_rank_op_and_ends_the_job():
     result = run_script(
-        2, os.path.join(SCRIPTS, "hang.py"), "hang", "gloo", env={"MCR_WATCHDOG_TIMEOUT": "3"}, timeout=90
+        2, os.path.join(SCRIPTS, "hang.py"), "hang", "gloo", env={"MCR_WATCHDOG_TIMEOUT": "10"}, timeout=150
     )
     assert result.returncode != 0
     # gloo's own timeout and the watchdog share the deadline; whichever fires names the same things
