@@ -3,11 +3,17 @@
 Every blocking wait registers itself; a daemon thread checks once a second and, when one has
 waited longer than the timeout, prints the culprit and ends the process. The launcher
 (mpiexec, torchrun, srun) then takes the rest of the job down with a non-zero exit.
+
+The same thread names the op a rank waits in when the launcher ends the job (SIGTERM: mpiexec,
+torchrun and srun send it to the survivors when a rank dies), so the output says where each
+survivor stood, not only the launcher's line about the dead rank.
 """
 
 from __future__ import annotations
 
 import os
+import select
+import signal
 import sys
 import threading
 import time
@@ -24,26 +30,81 @@ class Watchdog:
         self.rank = rank
         self.timeout_s = timeout_s
         self.waits = {}
+        self._first_seen = {}  # id(what) -> (what, time): holding `what` keeps its id unique
         self._stop = threading.Event()
+        self._ending = threading.Lock()
+        self._pid = os.getpid()
+        self._signals = self._catch_sigterm()
         self._thread = threading.Thread(target=self._watch, name="mcr-watchdog", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self._signals is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            signal.set_wakeup_fd(-1)
+
+    def _catch_sigterm(self):
+        """Python runs a signal handler in the main thread between bytecodes, never while that
+        thread blocks in MPI or gloo; the wakeup fd lets this thread see SIGTERM at once. Taken
+        only where nobody else handles SIGTERM or uses the wakeup fd. Returns the fd to read."""
+        if threading.current_thread() is not threading.main_thread():
+            return None
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+            return None
+        read_end, write_end = os.pipe()
+        os.set_blocking(write_end, False)
+        previous = signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+        if previous != -1:  # someone's event loop: leave it theirs
+            signal.set_wakeup_fd(previous)
+            os.close(read_end)
+            os.close(write_end)
+            return None
+        signal.signal(signal.SIGTERM, lambda signum, frame: self._terminated())
+        return read_end
+
+    def _sleep(self, period):
+        """Wait one period; end the process meanwhile if SIGTERM arrives."""
+        if self._signals is None:
+            self._stop.wait(period)
+            return
+        ready, _, _ = select.select([self._signals], [], [], period)
+        if ready and signal.SIGTERM in os.read(self._signals, 64) and not self._stop.is_set():
+            self._terminated()
 
     def _watch(self):
-        first_seen = {}  # id(what) -> (what, time): holding `what` keeps its id unique
         period = min(1.0, self.timeout_s / 4)
-        while not self._stop.wait(period):
+        while not self._stop.is_set():
+            self._sleep(period)
+            if self._stop.is_set():
+                return
             now = time.monotonic()
             seen = {}
             for what in list(self.waits.values()):
-                earlier = first_seen.get(id(what))
+                earlier = self._first_seen.get(id(what))
                 seen[id(what)] = earlier if earlier is not None and earlier[0] is what else (what, now)
                 waited = now - seen[id(what)][1]
                 if waited > self.timeout_s:
                     self._fire(what, waited)
-            first_seen = seen
+            self._first_seen = seen
+
+    def _waited(self, what) -> float:
+        earlier = self._first_seen.get(id(what))
+        return time.monotonic() - earlier[1] if earlier is not None and earlier[0] is what else 0.0
+
+    def _terminated(self):
+        """SIGTERM: name the ops this rank waits in, then end at once, as SIGTERM would have."""
+        with self._ending:
+            if os.getpid() == self._pid:  # not a forked child (a data-loader worker)
+                for what in list(self.waits.values()):
+                    op, backend, nbytes, group_size = what
+                    sys.stderr.write(
+                        f"mcr: rank {self.rank} was ended by SIGTERM (its launcher stopping the job; another "
+                        f"rank probably died) while waiting {self._waited(what):.1f} s in {op} on backend "
+                        f"{backend} ({nbytes} bytes, group of {group_size} ranks)\n"
+                    )
+                sys.stderr.flush()
+            os._exit(128 + signal.SIGTERM)  # the shell's code for "ended by SIGTERM"
 
     def _fire(self, what, waited):
         op, backend, nbytes, group_size = what

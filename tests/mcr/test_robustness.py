@@ -2,6 +2,7 @@
 
 import os
 import re
+import time
 
 import pytest
 
@@ -65,28 +66,35 @@ def test_a_rank_blocked_in_gloo_keeps_its_async_mpi_ops_moving():
     assert out.count("cross progress OK") == 2 and out.count(": OK") == 8, out[-3000:]
 
 
+def run_hang(fault, wait, backend, launcher="mpiexec", watchdog_s=10):
+    """hang.py under `launcher`; returns the result and the seconds from rank 1's fault to the job's end."""
+    script = os.path.join(SCRIPTS, "hang.py")
+    env = {"MCR_WATCHDOG_TIMEOUT": str(watchdog_s)}
+    result = run_script(2, script, fault, wait, backend, launcher=launcher, env=env, timeout=watchdog_s + 150)
+    ended = time.time()
+    fault_at = re.search(r"fault at ([0-9.]+)", result.output)
+    assert fault_at, result.output[-3000:]
+    return result, ended - float(fault_at.group(1))
+
+
 # The watchdog tests use 10 s: well past gloo's connect at start-up (which shares the timeout), so a
 # slow start on a loaded machine is not mistaken for the hang under test.
 @pytest.mark.parametrize(
-    "mode,named",
+    "wait,named",
     [
-        ("hang", "in all_reduce on backend mpi"),  # rank 0 blocked in an op rank 1 never issues
+        ("op", "in all_reduce on backend mpi"),  # rank 0 blocked in an op rank 1 never issues
         ("async", "in all_reduce on backend mpi"),  # ... waiting on the handle of such an op
         ("finalize", "in finalize on backend mpi"),  # ... in finalize(), which rank 1 never calls
     ],
 )
-def test_watchdog_names_rank_op_and_backend_of_a_hang(mode, named):
-    result = run_script(
-        2, os.path.join(SCRIPTS, "hang.py"), mode, "mpi", env={"MCR_WATCHDOG_TIMEOUT": "10"}, timeout=150
-    )
+def test_watchdog_names_rank_op_and_backend_of_a_hang(wait, named):
+    result, _ = run_hang("hang", wait, "mpi")
     assert result.returncode == EXIT_CODE, result.output[-3000:]
     assert "mcr watchdog: rank 0 has waited" in result.output and named in result.output, result.output[-3000:]
 
 
 def test_gloo_timeout_names_rank_op_and_ends_the_job():
-    result = run_script(
-        2, os.path.join(SCRIPTS, "hang.py"), "hang", "gloo", env={"MCR_WATCHDOG_TIMEOUT": "10"}, timeout=150
-    )
+    result, _ = run_hang("hang", "op", "gloo")
     assert result.returncode != 0
     # gloo's own timeout and the watchdog share the deadline; whichever fires names the same things
     by_gloo = "rank 0: all_reduce on backend gloo" in result.output and "rank 0 ended with CommError" in result.output
@@ -94,22 +102,40 @@ def test_gloo_timeout_names_rank_op_and_ends_the_job():
     assert by_gloo or by_watchdog, result.output[-3000:]
 
 
-@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
-def test_a_dead_rank_fails_the_job_naming_it(launcher):
-    result = run_script(
-        2,
-        os.path.join(SCRIPTS, "hang.py"),
-        "die",
-        "gloo",
-        launcher=launcher,
-        env={"MCR_WATCHDOG_TIMEOUT": "20"},
-        timeout=120,
-    )
-    assert result.returncode != 0
-    # the launcher names the dead rank, or a survivor names the op whose peer vanished (a race)
-    dead_named = "rank      : 1" in result.output if launcher == "torchrun" else "Exit code:    3" in result.output
-    op_named = "rank 0: all_reduce on backend gloo" in result.output
-    assert dead_named or op_named, result.output[-3000:]
+# What each launcher prints about a rank SIGKILLed: that rank's death, in its own words.
+KILLED = {
+    "mpiexec": r"process rank 1 with PID \d+ on node \S+ exited on\s+signal 9",
+    "torchrun": r"rank\s+: 1 \(local_rank: 1\)\n\s+exitcode\s+: -9",
+}
+
+
+@pytest.mark.parametrize(
+    "launcher,wait,backend",
+    [
+        ("mpiexec", "op", "mpi"),
+        ("mpiexec", "async", "mpi"),
+        ("mpiexec", "op", "gloo"),
+        ("torchrun", "async", "gloo"),  # no MPI world under torchrun
+    ],
+)
+def test_a_killed_rank_ends_the_job_promptly_naming_where_its_peer_waited(launcher, wait, backend):
+    # the watchdog's 120 s is far off: what ends the job is the dead rank, not a timeout
+    result, seconds = run_hang("kill", wait, backend, launcher=launcher, watchdog_s=120)
+    assert result.returncode != 0 and seconds < 60, (result.returncode, seconds, result.output[-3000:])
+    assert re.search(KILLED[launcher], result.output), result.output[-3000:]
+    # the survivor names its op: gloo sees the closed connection; an MPI wait learns of the death
+    # only from the launcher's SIGTERM, which the runtime turns into a line naming the op
+    out = result.output
+    by_error = f"rank 0: all_reduce on backend {backend}" in out and "rank 0 ended with CommError" in out
+    by_sigterm = re.search(rf"rank 0 was ended by SIGTERM .* in all_reduce on backend {backend}", out)
+    assert by_sigterm if backend == "mpi" else by_error or by_sigterm, result.output[-3000:]
+
+
+def test_a_rank_raising_aborts_the_job_while_its_peer_waits_in_mpi():
+    result, seconds = run_hang("raise", "op", "mpi", watchdog_s=120)
+    assert result.returncode != 0 and seconds < 60, (result.returncode, seconds, result.output[-3000:])
+    assert "RuntimeError: rank 1 fails on purpose" in result.output, result.output[-3000:]
+    assert "mcr: rank 1 ended with RuntimeError; aborting the job" in result.output, result.output[-3000:]
 
 
 @pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])

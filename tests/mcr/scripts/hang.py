@@ -1,11 +1,15 @@
-"""Rank 1 skips one op (or dies): the job must fail naming the rank, op and backend.
+"""Rank 1 fails while rank 0 waits for it: the job must end naming the rank, op and backend.
 
-hang.py MODE BACKEND    MODE: hang (rank 1 never issues the second all-reduce), die (rank 1
-                        exits), async (rank 0 waits on an async handle rank 1 never
-                        matches), finalize (rank 1 never finalizes)
+hang.py FAULT WAIT BACKEND
+  FAULT  hang: rank 1 sleeps, never issuing the op; kill: rank 1 is SIGKILLed; raise: rank 1
+         raises an exception
+  WAIT   op: rank 0 blocks in an all-reduce; async: rank 0 waits on an async all-reduce's
+         handle; finalize: rank 0 calls finalize()
+Rank 1 prints "fault at T" (time.time()) so a test can time the job's end from the fault.
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -13,20 +17,22 @@ import torch
 
 import mcr
 
-mode, backend = sys.argv[1], sys.argv[2]
+fault, wait, backend = sys.argv[1:4]
 mcr.init()
 rank = mcr.get_rank()
 mcr.all_reduce(torch.ones(4), backend=backend)  # everyone is up
 if rank == 1:
-    if mode == "die":
-        os._exit(3)
+    time.sleep(2)  # rank 0 is waiting by now
+    print(f"fault at {time.time()}", flush=True)
+    if fault == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if fault == "raise":
+        raise RuntimeError("rank 1 fails on purpose")
     time.sleep(120)  # never issues the op below, never finalizes
-if mode == "finalize":
+if wait == "finalize":
     mcr.finalize()
-    print("unreachable: finalize completed without rank 1", flush=True)
-elif mode == "async":
+elif wait == "async":
     mcr.all_reduce(torch.ones(4), backend=backend, async_op=True).wait()
-    print("unreachable: async all_reduce completed without rank 1", flush=True)
 else:
     mcr.all_reduce(torch.ones(4), backend=backend)
-    print("unreachable: all_reduce completed without rank 1", flush=True)
+print(f"unreachable: rank {rank} finished its {wait} without rank 1", flush=True)
