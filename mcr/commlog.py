@@ -1,7 +1,8 @@
 """Per-backend communication log, in the spirit of DeepSpeed's comms logger.
 
-For each (op, backend, message size): count and total latency, from which the mean, the
-algorithmic bandwidth (bytes / time) and the bus bandwidth (nccl-tests' factors) follow.
+For each (op, backend, message size) the caller asked for: count and total latency, from which
+the mean, the algorithmic bandwidth (bytes / time) and the bus bandwidth (nccl-tests' factors)
+follow. An op the runtime ran in chunks shows once, whole, under its candidate (`mpi/chunk=1M`).
 """
 
 from __future__ import annotations
@@ -46,11 +47,11 @@ class CommLog:
         return out
 
     def table(self) -> str:
-        header = f"{'op':<15}{'backend':<8}{'size':>10}{'ranks':>6}{'count':>8}{'total ms':>11}{'mean us':>11}{'algbw GB/s':>12}{'busbw GB/s':>12}"
+        header = f"{'op':<15}{'backend':<14}{'size':>10}{'ranks':>6}{'count':>8}{'total ms':>11}{'mean us':>11}{'algbw GB/s':>12}{'busbw GB/s':>12}"
         lines = [header, "-" * len(header)]
         for r in self.rows():
             lines.append(
-                f"{r['op']:<15}{r['backend']:<8}{human_bytes(r['bytes']):>10}{r['group_size']:>6}{r['count']:>8}"
+                f"{r['op']:<15}{r['backend']:<14}{human_bytes(r['bytes']):>10}{r['group_size']:>6}{r['count']:>8}"
                 f"{r['total_ms']:>11.2f}{r['mean_us']:>11.1f}{r['algbw_GBps']:>12.3f}{r['busbw_GBps']:>12.3f}"
             )
         return "\n".join(lines)

@@ -46,7 +46,8 @@ from .debug import CallChecker
 from .group import Group
 from .handle import Handle
 from .ops import dtype_name
-from .tuning.table import TuningTable
+from .tuning.candidates import label
+from .tuning.table import Choice, TuningTable
 from .watchdog import Watchdog
 
 log = logging.getLogger("mcr")
@@ -339,16 +340,17 @@ class Runtime:
         return int(size.item())
 
     # --- step 3 and 4: run, watch and account --------------------------------------------------
-    def run(self, op: OpCall, group, async_op, fn, comm, args):
-        """fn(comm, *args, async_op) under the watchdog, its time in the comm log."""
+    def run(self, op: OpCall, group, async_op, fn, comm, args, logged=True):
+        """fn(comm, *args, async_op) under the watchdog, its time in the comm log (unless a
+        chunk of an op that is logged whole)."""
         if async_op:
-            return self._run_async(op, group, fn, comm, args)
+            return self._run_async(op, group, fn, comm, args, logged)
         if self._in_flight and op.family != "send_recv":
             self._complete_earlier(comm)
         if self._driven and op.backend not in self._needs_driving:
-            return self._run_driving(op, group, fn, comm, args)
+            return self._run_driving(op, group, fn, comm, args, logged)
         # the hot path: a 4-byte all-reduce on MPI costs about 1 µs, so every step here counts
-        waits, comm_log = self._waits, self.comm_log
+        waits, comm_log = self._waits, self.comm_log if logged else None
         if comm_log is not None:
             started = time.perf_counter()
         if waits is not None:
@@ -364,23 +366,23 @@ class Runtime:
         if comm_log is not None:
             comm_log.record(*op, time.perf_counter() - started)
 
-    def _run_async(self, op, group, fn, comm, args):
+    def _run_async(self, op, group, fn, comm, args, logged=True):
         started = time.perf_counter()
         try:
             handle = fn(comm, *args, True)
         except Exception as exc:
             raise self._error(op, group, exc) from exc
-        handle = self._watched(handle, op, group, started)
+        handle = self._watched(handle, op, group, started, logged)
         self.hold(None if op.family == "send_recv" else comm, handle)
         if op.backend in self._needs_driving:
             with self._in_flight_lock:
                 self._driven.append(handle)
         return handle
 
-    def _run_driving(self, op, group, fn, comm, args):
+    def _run_driving(self, op, group, fn, comm, args, logged):
         """A blocking op on a backend that progresses alone, while MPI ops are in flight: run it
         as an async op and wait for it while keeping MPI moving (rule 3)."""
-        self.run(op, group, True, fn, comm, args).wait()
+        self.run(op, group, True, fn, comm, args, logged).wait()
 
     def _drive(self) -> bool:
         """Let every in-flight MPI op progress, without blocking; True while some remain."""
@@ -402,19 +404,26 @@ class Runtime:
 
     def _run_chunked(self, route, group, tensor, reduce_op, async_op):
         """Large all-reduces run faster as a train of chunks (they stay in cache); each chunk is
-        its own op on the same backend, in the same order on every rank."""
+        its own op on the same backend, in the same order on every rank. The comm log shows the
+        caller's op under its candidate's name (`mpi/chunk=1M`), not the chunks."""
         backend = route.backend
         fn, comm = backend.all_reduce, group.comms[backend.name]
         flat = tensor.view(-1)
         per = max(1, route.chunk_bytes // tensor.element_size())
+        started, comm_log = time.perf_counter(), self.comm_log
+        whole = route.op._replace(backend=label(Choice(backend.name, route.chunk_bytes)))
         handles = []
         for start in range(0, flat.numel(), per):
             part = flat[start : start + per]
             op = route.op._replace(nbytes=part.nbytes)
-            handles.append(self.run(op, group, async_op, fn, comm, (part, reduce_op)))
+            handles.append(self.run(op, group, async_op, fn, comm, (part, reduce_op), logged=False))
         if not async_op:
+            if comm_log is not None:
+                comm_log.record(*whole, time.perf_counter() - started)
             return None
         handle = Handle(lambda: [h.wait() for h in handles], lambda: all(h.is_completed() for h in handles), tensor)
+        if comm_log is not None:
+            handle.then(lambda: comm_log.record(*whole, time.perf_counter() - started))
         self.hold(comm, handle)  # the caller may drop it: its post-step (AVG) must still run
         return handle
 
@@ -462,9 +471,9 @@ class Runtime:
                 handle.wait()
             self._forget_completed()
 
-    def _watched(self, handle, op, group, started):
+    def _watched(self, handle, op, group, started, logged=True):
         inner_wait, inner_test = handle._wait, handle._test
-        waits, comm_log = self._waits, self.comm_log
+        waits, comm_log = self._waits, self.comm_log if logged else None
         drives = op.backend not in self._needs_driving
 
         def wait():

@@ -12,6 +12,7 @@ import torch
 
 import mcr
 from mcr.runtime import BUILTIN_ORDER
+from mcr.tuning.candidates import label
 
 expect_changed = sys.argv[1] == "1"
 rt = mcr.init(comm_log=True)
@@ -34,8 +35,9 @@ for e in rt.table.entries:
         x = torch.ones(nbytes // 4)
         mcr.all_reduce(x)
         assert torch.all(x == n), "wrong all-reduce result"
-        ran_on = {row["backend"] for row in rt.comm_log.rows()}
-        assert ran_on == {e.backend}, (nbytes, ran_on, e)
+        ran_on = {(row["backend"], row["bytes"], row["count"]) for row in rt.comm_log.rows()}
+        chunked = e.chunk_bytes and nbytes > e.chunk_bytes  # logged whole, under its candidate's name
+        assert ran_on == {(label(e.choice) if chunked else e.backend, nbytes, 1)}, (nbytes, ran_on, e)
         changed += e.backend != default or e.chunk_bytes != 0
         checked += 1
 assert checked > 0, "the table has no all_reduce entry for this world size"
