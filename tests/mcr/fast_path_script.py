@@ -47,6 +47,12 @@ for dtype in (torch.bfloat16, torch.float16):
     t = data(rank, dtype)
     mcr.all_reduce(t, async_op=True, backend="mpi").wait()
     expect(t, reference("sum", dtype), f"async all_reduce {dtype}")
+    for async_op in (False, True):  # small: summed on a float32 copy
+        t = data(rank, dtype, 1003)
+        handle = mcr.all_reduce(t, op="avg", async_op=async_op, backend="mpi")
+        if handle is not None:
+            handle.wait()
+        expect(t, reference("avg", dtype, 1003), f"small all_reduce async={async_op} {dtype}")
     t = data(rank, dtype)
     mcr.all_reduce(t)  # the table's choice: MPI in 1 MiB chunks
     expect(t, reference("sum", dtype), f"chunked all_reduce {dtype}")

@@ -15,6 +15,7 @@ def test_fast_path_results_match_reference_and_log_shows_callers_ops(tmp_path):
     ]
     TuningTable(fingerprint={"world_size": 2}, entries=entries).save(str(table))
     out = run_script(2, os.path.join(os.path.dirname(__file__), "fast_path_script.py"), table).check().output
-    # per 16-bit dtype: 5 all_reduce ops, async, chunked, gloo, 2 reduce-scatters (+ reduce on rank 1); 2 float32
-    assert "rank 0: OK 22 checks" in out and "rank 1: OK 24 checks" in out, out[-3000:]
+    # per 16-bit dtype: 5 all_reduce ops, async, 2 small, chunked, gloo, 2 reduce-scatters (+ reduce on rank 1);
+    # 2 float32
+    assert "rank 0: OK 26 checks" in out and "rank 1: OK 28 checks" in out, out[-3000:]
     assert "cannot run" not in out, out[-3000:]  # no fallback warning
