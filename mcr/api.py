@@ -162,7 +162,7 @@ def _average(name, tensor, op, group_size):
 # to Runtime.call: choose the backend, run the backend's method of the given name, post-step.
 def all_reduce(tensor, op=_SUM, group=None, async_op=False, backend=None):
     rt, g = _start(group)
-    if not tensor.is_contiguous():
+    if type(tensor) is not torch.Tensor or not tensor.is_contiguous():  # the full check only off the hot path
         _check("all_reduce", tensor)
     op, after = _average("all_reduce", tensor, op, g.size)
     return rt.call("all_reduce", "all_reduce", tensor.nbytes, g, tensor, backend, async_op, (tensor, op), op, after)
@@ -281,8 +281,10 @@ def _check_splits(which, tensor, splits, group_size):
         raise ValueError(
             f"mcr.all_to_all_single: {which}_split_sizes has {len(splits)} entries, the group has {group_size} ranks"
         )
+    if any(s < 0 for s in splits):
+        raise ValueError(f"mcr.all_to_all_single: {which}_split_sizes {list(splits)} has a negative size")
     rows = tensor.shape[0] if tensor.dim() else 0
-    if sum(splits) != rows or any(s < 0 for s in splits):
+    if sum(splits) != rows:
         raise ValueError(
             f"mcr.all_to_all_single: {which}_split_sizes {list(splits)} sum to {sum(splits)} but {which} has {rows} rows"
         )

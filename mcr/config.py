@@ -62,6 +62,7 @@ def _seconds(var, value):
 # environment variable -> (config field, parser whose errors name the variable)
 ENV_VARS = {
     "MCR_BACKEND": ("backend", _text),
+    "MCR_BACKENDS": ("backends", _text),
     "MCR_TUNING_FILE": ("tuning", _text),
     "MCR_TUNING_PREDICT": ("tuning_predict", _flag),
     "MCR_TUNING_SAVE": ("tuning_save", _text),
@@ -79,6 +80,14 @@ def load(config=None, env=None, **kwargs) -> RuntimeConfig:
     layers = [schema]
     if config is not None:
         layers.append(OmegaConf.create(config) if isinstance(config, dict) else OmegaConf.structured(config))
+    unknown = [
+        var for var in env if var.startswith("MCR_") and var not in ENV_VARS and not var.startswith("MCR_BACKEND_")
+    ]
+    if unknown:  # a misspelt setting would otherwise be ignored without a word
+        raise ConfigError(
+            f"unknown environment variable {', '.join(sorted(unknown))}; mcr reads {', '.join(ENV_VARS)} "
+            "and MCR_BACKEND_<OP>"
+        )
     from_env = {}
     for var, (key, parse) in ENV_VARS.items():
         if env.get(var):

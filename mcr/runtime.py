@@ -206,8 +206,10 @@ class Runtime:
 
     def new_group(self, ranks) -> Group:
         ranks = sorted(set(int(r) for r in ranks))
+        if not ranks:
+            raise ValueError("new_group: no ranks given; pass the global ranks of the group's members")
         bad = [r for r in ranks if not 0 <= r < self.world_size]
-        if bad or not ranks:
+        if bad:
             raise ValueError(f"new_group: ranks {bad or ranks} are not in the world of {self.world_size} ranks")
         group = Group(self._next_gid, ranks, self.rank)
         self._next_gid += 1

@@ -24,6 +24,12 @@ def test_unknown_op_override_names_the_ops():
         load(env={"MCR_BACKEND_ALLREDUCE": "mpi"})
 
 
+def test_unknown_environment_variable_is_an_error_and_backends_has_one():
+    with pytest.raises(ConfigError, match=r"unknown environment variable MCR_WATCHDOG_TIMOUT; mcr reads MCR_BACKEND,"):
+        load(env={"MCR_WATCHDOG_TIMOUT": "10", "MCR_BACKEND": "gloo"})
+    assert load(env={"MCR_BACKENDS": "mpi"}).backends == "mpi"
+
+
 def test_unknown_config_key_is_an_error():
     with pytest.raises(ConfigError, match="comm_logg"):
         load({"comm_logg": True}, env={})

@@ -138,7 +138,19 @@ def test_a_rank_raising_aborts_the_job_while_its_peer_waits_in_mpi():
     assert "mcr: rank 1 ended with RuntimeError; aborting the job" in result.output, result.output[-3000:]
 
 
-@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])
-def test_bad_input_raises_clear_errors(launcher):
-    out = run_script(2, os.path.join(SCRIPTS, "bad_input.py"), launcher=launcher).check().output
+@pytest.mark.parametrize(
+    "launcher,env",
+    [
+        # an override naming a backend not started; no backend left for a bfloat16 reduction
+        ("mpiexec", {"MCR_BACKENDS": "mpi,nccl", "MCR_BACKEND_BROADCAST": "gloo"}),
+        ("torchrun", {"MCR_BACKEND": "mpi"}),  # a default naming a backend torchrun cannot start
+    ],
+)
+def test_bad_input_raises_clear_errors(launcher, env):
+    out = run_script(2, os.path.join(SCRIPTS, "bad_input.py"), launcher=launcher, env=env).check().output
     assert out.count("bad input OK") == 2, out[-3000:]
+
+
+def test_the_hooks_refuse_what_they_cannot_do_and_out_of_order_installs():
+    out = run_script(2, os.path.join(SCRIPTS, "bad_hooks.py"), launcher="torchrun").check().output
+    assert out.count("bad hooks OK") == 2, out[-3000:]
