@@ -329,7 +329,11 @@ class Runtime:
                     log.warning("mcr: %s (%s) %s; using %s for %s", name, why, problem, candidate, family)
                 self._warned.add(key)
                 return backend
-        raise ValueError(f"mcr.{family}: no available backend can run it on {device_type} {dtype_name(dtype)} tensors")
+        op_name = f"{reduce_op} " if reduce_op is not None else ""
+        raise ValueError(
+            f"mcr.{family}: no available backend ({', '.join(self.backends)}) can run {op_name}on "
+            f"{device_type} {dtype_name(dtype)} tensors"
+        )
 
     def agreed_bytes(self, family, group, nbytes) -> int:
         """Where message sizes legitimately differ across ranks (uneven all-to-all), the choice

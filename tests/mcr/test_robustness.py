@@ -141,7 +141,7 @@ def test_a_rank_raising_aborts_the_job_while_its_peer_waits_in_mpi():
 @pytest.mark.parametrize(
     "launcher,env",
     [
-        # an override naming a backend not started; no backend left for a bfloat16 reduction
+        # an override naming a backend not started; no backend left for an int16 reduction
         ("mpiexec", {"MCR_BACKENDS": "mpi,nccl", "MCR_BACKEND_BROADCAST": "gloo"}),
         ("torchrun", {"MCR_BACKEND": "mpi"}),  # a default naming a backend torchrun cannot start
     ],

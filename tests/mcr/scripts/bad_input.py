@@ -1,7 +1,7 @@
 """Each bad call raises a clear error before any communication, on every rank.
 
 The test runs it under mpiexec with MCR_BACKENDS=mpi,nccl and MCR_BACKEND_BROADCAST=gloo (an override
-naming a backend not started; no backend for a bfloat16 reduction), and under torchrun with
+naming a backend not started; no backend for an int16 reduction), and under torchrun with
 MCR_BACKEND=mpi (a default naming a backend torchrun cannot start).
 """
 
@@ -54,8 +54,8 @@ else:
         lambda: mcr.broadcast(torch.ones(2), 0),
     )
     expect_error(
-        r"mcr.all_reduce: no available backend can run it on cpu bfloat16 tensors",
-        lambda: mcr.all_reduce(torch.ones(2, dtype=torch.bfloat16)),
+        r"mcr.all_reduce: no available backend \(mpi\) can run sum on cpu int16 tensors",
+        lambda: mcr.all_reduce(torch.ones(2, dtype=torch.int16)),
     )
 
 # --- groups ------------------------------------------------------------------------------------
