@@ -9,8 +9,10 @@ anything differently (a missing TP all-reduce, a wrong gradient norm, misrouted 
 activations) is off by 1e-3 or more from step 2 or 4.
 """
 
+import glob
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -27,12 +29,13 @@ CLUSTER = os.path.join(REPO, "configs", "bapipe", "cpu-2proc.yaml")
 TOL = 2e-5
 
 
-def train(out_dir, name, *overrides, nprocs=2, timeout=400):
+def train(out_dir, name, *overrides, nprocs=2, timeout=400, fails=False):
     result = run_ranks(
         nprocs,
         ["-m", "apps.dense", "--config", TINY, f"out_dir={out_dir}", f"name={name}", *overrides],
         timeout=timeout,
-    ).check()
+    )
+    assert (result.returncode != 0) == fails, result.output[-6000:]
     run_dir = os.path.join(out_dir, name)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         metrics = [json.loads(line) for line in f]
@@ -50,6 +53,17 @@ def compare(out_dir, backend, *overrides):
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         metrics = [json.loads(line) for line in f]
     return table, metrics, run_dir
+
+
+def pipeline_with_failed_save_then_resume(out_dir):
+    """PP=2 saves at step 5, then stage 1 fails to write its shard of step 8 (a directory is in
+    the way of the head's file): `latest` must stay at step 5. With the path cleared, resume=true
+    continues from step 5. Returns (the failed run, the resumed run)."""
+    blocker = os.path.join(out_dir, "pp2", "checkpoints", "step_000008", "layer_03-model_00-model_states.pt")
+    os.makedirs(blocker)
+    failed = train(out_dir, "pp2", "parallel.pipeline=2", "checkpoint.interval=5", fails=True)
+    os.rmdir(blocker)
+    return failed, train(out_dir, "pp2", "parallel.pipeline=2", "checkpoint.interval=5", "resume=true")
 
 
 def losses(metrics):
@@ -76,12 +90,9 @@ def runs(tmp_path_factory):
     with open(skewed, "w") as f:
         json.dump(profile, f)
     launches = {
-        "one-rank": lambda: train(out_dir, "one-rank", nprocs=1),
+        "one-rank": lambda: train(out_dir, "one-rank", "progress=true", "wandb=offline", nprocs=1),
         "tp2-zero2": lambda: compare(out_dir, "mpi", "parallel.tensor=2", "train.zero_stage=2"),
-        "pp2": lambda: (
-            train(out_dir, "pp2", "parallel.pipeline=2", "train.stop_after=5", "checkpoint.interval=5"),
-            train(out_dir, "pp2", "parallel.pipeline=2", "checkpoint.interval=5", "resume=true"),
-        ),
+        "pp2": lambda: pipeline_with_failed_save_then_resume(out_dir),
         "tp2-pp2-sp": lambda: train(
             out_dir,
             "tp2-pp2-sp",
@@ -109,6 +120,15 @@ def test_one_rank_reference_learns(runs):
     assert metrics[-1]["val_loss"] < metrics[0]["loss"]
 
 
+def test_progress_bar_step_lines_and_offline_wandb_run(runs):
+    output, _, run_dir = runs("one-rank")
+    assert re.search(r"one-rank:\s+\d+%\|.*\| \d/8 \[", output), output[-3000:]  # tqdm's bar, named after the run
+    assert re.search(r"^step 8/8 \| loss \d\.\d{4} \| val \d\.\d{4} \| [\d,]+ tok/s", output, re.M), output[-3000:]
+    (wandb_file,) = glob.glob(os.path.join(run_dir, "wandb", "offline-run-*", "run-*.wandb"))
+    with open(wandb_file, "rb") as f:
+        assert b"val_loss" in f.read()  # the run's metrics went to the offline run
+
+
 def test_tensor_parallel_with_zero2_matches_one_rank(runs):
     _, metrics, run_dir = runs("tp2-zero2")
     with open(os.path.join(run_dir, "config.yaml")) as f:
@@ -129,12 +149,15 @@ def test_compare_tabulates_the_dense_run_with_its_step_split(runs):
     assert row[4:6] == [f"{summary['compute_ms']:.1f}", f"{summary['comm_ms']:.1f}"]
 
 
-def test_pipeline_with_resume_matches_one_rank_and_keeps_its_stages(runs):
-    first, second = runs("pp2")
-    output, metrics, run_dir = second
-    assert "PipelineEngine" in first[0] and "resuming at step 5" in output
-    assert [m["step"] for m in metrics] == list(range(1, 9))  # steps 1-5, then 6-8 after the resume
-    assert losses(metrics) == pytest.approx(losses(runs("one-rank")[1]), abs=TOL)
+def test_pipeline_resumes_from_the_last_checkpoint_every_rank_saved_and_matches_one_rank(runs):
+    failed, resumed = runs("pp2")
+    output, metrics, run_dir = resumed
+    assert "PipelineEngine" in failed[0] and "open file failed with strerror: Is a directory" in failed[0]
+    assert "resuming at step 5" in output  # `latest` stayed at step 5: stage 1 never saved step 8
+    # the failed run logged steps 1-8; the resumed one appended 6-8 again, on the same curve
+    assert [m["step"] for m in metrics] == [*range(1, 9), 6, 7, 8]
+    reference = losses(runs("one-rank")[1])
+    assert losses(metrics) == pytest.approx(reference + reference[5:], abs=TOL)
     with open(os.path.join(run_dir, "checkpoints", "latest")) as f:
         assert f.read() == "step_000008"
     with open(os.path.join(run_dir, "partition.json")) as f:
@@ -149,6 +172,11 @@ def test_tensor_pipeline_and_sequence_parallel_on_4_ranks_matches_one_rank(runs)
     output, metrics, _ = runs("tp2-pp2-sp")
     assert "pp 2 x dp 1 x tp 2 (sequence parallel)" in output
     assert losses(metrics) == pytest.approx(losses(runs("one-rank")[1]), abs=TOL)
+    # rank 0's comm table at the end (rank 0 is stage 0, the embedding alone): the sequence split's
+    # backward all-gathers on the TP group, and the activations go to stage 1 through the runtime
+    table = output[output.index("mcr communication log (rank 0)") :]
+    rows = [r for r in (line.split() for line in table.splitlines()[3:]) if len(r) == 9]
+    assert {("all_gather", "2"), ("send_recv", "4")} <= {(r[0], r[3]) for r in rows}, table  # op, ranks
 
 
 def test_planner_partition_is_the_one_deepspeed_built(runs):
