@@ -57,12 +57,14 @@ def launch(tmp_path, name, *overrides, nprocs=2, launcher="mpiexec"):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Launch A: TW/RW/TWRW uninterrupted. Launches B and C: the same run stopped after 3 steps
-    with a checkpoint, then resumed under torchrun (no MPI world: every collective on gloo)."""
+    """Launch A: TW/RW/TWRW uninterrupted, evaluating every 2 steps (the pipeline detaches for the
+    held-out batches and must go on with the batch it had prefetched). Launches B and C: the same
+    run stopped after 3 steps with a checkpoint, then resumed under torchrun (no MPI world: every
+    collective on gloo)."""
     tmp = tmp_path_factory.mktemp("dlrm")
     exact = types_override(EXACT_TYPES)
     return {
-        "exact": launch(tmp, "exact", exact, f"train.steps={STEPS}"),
+        "exact": launch(tmp, "exact", exact, f"train.steps={STEPS}", "eval_interval=2"),
         "first": launch(tmp, "resumed", exact, f"train.steps={STEPS}", "train.stop_after=3", "checkpoint.enabled=true"),
         "second": launch(
             tmp, "resumed", exact, f"train.steps={STEPS}", "resume=true", "checkpoint.enabled=true", launcher="torchrun"
@@ -123,6 +125,7 @@ def test_sharded_losses_match_an_unsharded_model_for_table_and_row_wise(runs):
     assert len(got) == STEPS
     torch.testing.assert_close(torch.tensor(got), torch.tensor(expected), rtol=LOSS_RTOL, atol=0)
     assert got[-1] < got[0], got  # and it learns
+    assert [r["step"] for r in records if "auc" in r] == [2, 4, 6]  # evaluated mid-run, training undisturbed
     assert 0.5 < records[-1]["auc"] <= 1.0, records[-1]
 
 
