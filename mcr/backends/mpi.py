@@ -181,9 +181,14 @@ class MPIBackend(Backend):
             return self.world
         color = 0 if group_rank >= 0 else self.MPI.UNDEFINED
         comm = self.world.Split(color, max(group_rank, 0))
-        if group_rank < 0:
-            return None
-        self._twins[id(comm)] = comm.Dup()
+        return self._with_twin(comm) if group_rank >= 0 else None
+
+    def member_group(self, ranks):
+        """A group's communicator built by its members alone (MPI_Comm_create_group)."""
+        return self._with_twin(self.world.Create_group(self.world.group.Incl(list(ranks))))
+
+    def _with_twin(self, comm):
+        self._twins[id(comm)] = comm.Dup()  # collective over the group's members, like its creation
         return comm
 
     def supports(self, family, dtype, reduce_op, device_type):

@@ -273,8 +273,7 @@ def _member_group(rt, name: str, ranks) -> Group:
     group = Group(("torch", name), ranks, rt.rank)
     for backend_name, backend in rt.backends.items():
         if backend_name == "mpi":
-            world = backend.world
-            group.comms["mpi"] = world.Create_group(world.group.Incl(list(ranks)))
+            group.comms["mpi"] = backend.member_group(ranks)
         else:  # gloo/nccl rendezvous on the runtime's store under this agreed name
             comm = backend.new_group(f"torch/{name}", list(ranks), group.rank)
             if comm is not None:

@@ -111,6 +111,9 @@ def main(mode):
     t = torch.ones(1)
     dist.all_reduce(t, group=pair)
     check("new_group all_reduce", t, torch.full((1,), float(n)))
+    outs = [torch.empty(1) for _ in range(n)]  # a group built by its members: MPI's list all-to-all has its twin
+    dist.all_to_all(outs, [torch.tensor([float(rank * 10 + i)]) for i in range(n)], group=pair)
+    check("new_group all_to_all", torch.cat(outs), torch.tensor([float(r * 10 + rank) for r in range(n)]))
 
     backends = sorted({b for (_, b, _, _) in mcr.runtime().comm_log._rows})
     print(f"OK {rank} {','.join(backends)}", flush=True)
