@@ -124,9 +124,11 @@ def main(argv=None) -> dict:
     groups = dims.build_groups(rank)
     topology = PipeModelDataParallelTopology(num_pp=dims.pp, num_mp=dims.tp, num_dp=dims.dp)
     resuming = cfg.resume and latest_tag(ckpt_dir) is not None
-    if rank == 0:
+    ds_config = deepspeed_config(cfg)
+    if rank == 0:  # the run directory records what was asked and what DeepSpeed was given
         os.makedirs(run_dir, exist_ok=True)
         save_resolved(cfg, os.path.join(run_dir, "config.yaml"))
+        write_atomic(os.path.join(run_dir, "ds_config.json"), json.dumps(ds_config, indent=1))
 
     # 3. Model: each layer draws its weights from its own seed, so every rank builds exactly its
     #    slice of the same model, whatever the degrees. A pipeline builds only this stage's layers.
@@ -152,7 +154,7 @@ def main(argv=None) -> dict:
     # 4. DeepSpeed engine: the pipeline engine (1F1B, train_batch) for a PipelineModule, the plain
     #    one otherwise; both take their data-parallel and tensor groups from the topology.
     engine, _, _, _ = deepspeed.initialize(
-        model=model, model_parameters=list(model.parameters()), config=deepspeed_config(cfg), mpu=mpu
+        model=model, model_parameters=list(model.parameters()), config=ds_config, mpu=mpu
     )
     device = engine.device
 
