@@ -31,7 +31,7 @@ from .tuning import candidates as cands
 from .tuning.fingerprint import fingerprint
 from .tuning.model import fits_for, predict_table
 from .tuning.report import summary, write_beside
-from .tuning.rules import DEFAULT_MARGIN, entries_for, winners
+from .tuning.rules import DEFAULT_MARGIN, entries_for, entry_dtype, winners
 from .tuning.table import Curve, TuningTable
 
 DEFAULT_OUT = "tuning/{host}-n{world}.yaml"
@@ -122,12 +122,24 @@ def share_from_rank0(obj):
     return pickle.loads(bytes(buf.tolist())) if api.get_rank() != 0 else obj
 
 
-def build_table(fp, curves, margin, order_by_op) -> TuningTable:
+def build_table(fp, curves, margin, order_by_op, base=None) -> TuningTable:
+    """The table of these curves; with `base` (--add-to), that table with these measurements in
+    place of its own for the same (op, group size, dtype): a bfloat16 sweep adds bfloat16 entries
+    beside the float32 ones (`any`), which stay, as does the model fitted to them."""
+    key = lambda c: (c.op, c.group_size, c.dtype)  # noqa: E731
+    new = {key(c) for c in curves}
+    everything = ([c for c in base.curves if key(c) not in new] if base else []) + curves
     entries, model = [], []
     for curve in curves:
-        entries += entries_for(curve, margin, order_by_op[curve.op])
+        entries += entries_for(curve, margin, order_by_op[curve.op], dtype=entry_dtype(curve, everything))
         model += fits_for(curve)
-    return TuningTable(fp, entries, None, curves, model)
+    if base is None:
+        return TuningTable(fp, entries, None, curves, model)
+    replaced = {(e.op, e.group_size, e.dtype) for e in entries}
+    entries = [e for e in base.entries if (e.op, e.group_size, e.dtype) not in replaced] + entries
+    fitted = {(m.op, m.group_size) for m in base.model}
+    model = base.model + [m for m in model if (m.op, m.group_size) not in fitted]
+    return TuningTable(base.fingerprint, entries, None, everything, model)
 
 
 def parse_args(argv):
@@ -147,6 +159,9 @@ def parse_args(argv):
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per size; each candidate keeps its best")
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help="fraction a candidate must win by to take over")
     p.add_argument("--dtype", default="float32")
+    p.add_argument(
+        "--add-to", default=None, help="a table of this world size to add these measurements to (e.g. --dtype bfloat16)"
+    )
     p.add_argument("--out", default=DEFAULT_OUT, help="table path; {host}, {world} and {rank} are filled in")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots and the Markdown report")
     p.add_argument("--table", default=None, help="with --predict-world-size: the measured table to predict from")
@@ -174,8 +189,11 @@ def main(argv=None) -> int:
             parser.error("--table is read only with --predict-world-size N")
         return predict_main(args)
 
+    base = TuningTable.load(args.add_to) if args.add_to else None  # refused before any rank starts
     rt = api.init(tuning=None)  # measure the backends themselves, not a previous table's choice
     world, rank = rt.world_size, rt.rank
+    if base is not None:
+        base.check_fits(world)
     if world < 2:
         parser.error(
             "there is nothing to tune on 1 rank; launch it on the ranks of the job, e.g. "
@@ -227,7 +245,7 @@ def main(argv=None) -> int:
     if group_sizes != [world]:
         curves = share_from_rank0(curves)
     order_by_op = {op: [cands.label(c) for c in cands.for_op(op, preferred, chunks)] for op in ops}
-    table = build_table(fingerprint(rt, hostnames), curves, args.margin, order_by_op)
+    table = build_table(fingerprint(rt, hostnames), curves, args.margin, order_by_op, base)
     log(f"measured in {time.perf_counter() - started:.0f} s\n")
     log(summary(table))
     if rank == 0 or "{rank}" in args.out:

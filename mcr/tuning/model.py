@@ -19,7 +19,7 @@ import copy
 import math
 
 from ..ops import bus_factor
-from .rules import DEFAULT_MARGIN, entries_for
+from .rules import DEFAULT_MARGIN, entries_for, entry_dtype
 from .table import Curve, Fit, TuningTable, TuningTableError
 
 MiB = 1 << 20
@@ -129,6 +129,6 @@ def predict_table(
     curves = [c for c in table.curves if c.group_size != world_size]
     model = [m for m in table.model if m.group_size != world_size]
     for curve in new_curves:
-        entries += entries_for(curve, margin)
+        entries += entries_for(curve, margin, dtype=entry_dtype(curve, new_curves))
         model += fits_for(curve)
     return TuningTable(fp, entries, table.path, curves + new_curves, model)

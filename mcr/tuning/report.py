@@ -49,9 +49,7 @@ def chosen_latency(table, curve) -> list:
     """The latency of the table's choice at each measured size of the curve (the envelope)."""
     out = []
     for i, s in enumerate(curve.bytes):
-        choice = table.lookup(curve.op, s, curve.group_size, "any") or table.lookup(
-            curve.op, s, curve.group_size, curve.dtype
-        )
+        choice = table.lookup(curve.op, s, curve.group_size, curve.dtype)  # falls back to `any` itself
         out.append(None if choice is None else curve.latency_us.get(label(choice), [None] * len(curve.bytes))[i])
     return out
 
@@ -91,10 +89,11 @@ def write_plots(table, directory: str) -> list:
         ax_lat.legend(fontsize=8)
         kind = " (predicted)" if curve.predicted else ""
         fig.suptitle(
-            f"{curve.op}, {curve.group_size} ranks{kind}: latency and bus bandwidth; dashed = the table's choice"
+            f"{curve.op} {curve.dtype}, {curve.group_size} ranks{kind}: latency and bus bandwidth; dashed = the table's choice"
         )
         fig.tight_layout()
-        path = os.path.join(directory, f"{curve.op}-n{curve.group_size}.png")
+        of_dtype = "" if curve.dtype == "float32" else f"-{curve.dtype}"
+        path = os.path.join(directory, f"{curve.op}-n{curve.group_size}{of_dtype}.png")
         fig.savefig(path, dpi=110)
         plt.close(fig)
         paths.append(path)
@@ -116,7 +115,8 @@ def markdown(table, plot_paths=(), relative_to=None) -> str:
             mine = e.latency_us.get(label(e.choice))
             others = [t for c, t in lat if c != label(e.choice)]
             lead = f"{min(others) / mine:.2f}x" if mine and others else "only candidate"
-            out.append(f"| {_range(e)} | `{label(e.choice)}` | {lead} | {'predicted' if e.predicted else ''} |")
+            sizes = _range(e) + ("" if e.dtype == "any" else f" {e.dtype}")
+            out.append(f"| {sizes} | `{label(e.choice)}` | {lead} | {'predicted' if e.predicted else ''} |")
         out.append("")
     if plot_paths:
         out += ["## Plots", ""]

@@ -69,3 +69,29 @@ def test_tune_writes_an_identical_table_on_every_rank_and_the_runtime_follows_it
     env = {"MCR_TUNING_FILE": str(tmp_path / "edited.yaml")}
     followed = run_script(2, os.path.join(SCRIPTS, "follow_table.py"), 1, env=env).check().output
     assert followed.count("table followed") == 2, followed[-3000:]
+
+
+def test_a_bfloat16_sweep_added_to_a_float32_table_decides_bfloat16_alone():
+    from mcr.tune import build_table
+    from mcr.tuning.model import fits_for
+    from mcr.tuning.rules import entries_for
+    from mcr.tuning.table import Curve
+
+    sizes = [2**k for k in range(4, 25)]
+    order = {"all_reduce": ["mpi", "gloo"]}
+    fp32 = Curve("all_reduce", 2, "float32", sizes, {"mpi": [2 + 1e-4 * s for s in sizes], "gloo": [3000.0] * 21})
+    base = TuningTable({"world_size": 2}, entries_for(fp32), "base.yaml", [fp32], fits_for(fp32))
+    # in bfloat16, gloo wins from 1 MiB up
+    bf16 = Curve("all_reduce", 2, "bfloat16", sizes, {"mpi": [2 + 4e-4 * s for s in sizes], "gloo": [400.0] * 21})
+    merged = build_table({"world_size": 2, "other": 1}, [bf16], 0.05, order, base)
+    assert merged.fingerprint == base.fingerprint and merged.model == base.model
+    assert [(c.dtype) for c in merged.curves] == ["float32", "bfloat16"]
+    assert {e.dtype for e in merged.entries} == {"any", "bfloat16"}
+    for nbytes in (16, 1 << 22):
+        assert merged.lookup("all_reduce", nbytes, 2, "float32").backend == "mpi"
+        assert merged.lookup("all_reduce", nbytes, 2, "float16").backend == "mpi"  # no float16 sweep: `any`
+    assert merged.lookup("all_reduce", 16, 2, "bfloat16").backend == "mpi"
+    assert merged.lookup("all_reduce", 1 << 22, 2, "bfloat16").backend == "gloo"
+    # measuring bfloat16 again replaces the bfloat16 entries, not the float32 ones
+    again = build_table({"world_size": 2}, [bf16], 0.05, order, merged)
+    assert len(again.entries) == len(merged.entries) and len(again.curves) == 2
