@@ -166,6 +166,8 @@ class MetricsLog:
             return
         self.run_dir = run_dir
         self.path = os.path.join(run_dir, "metrics.jsonl")
+        if resume:
+            _keep_records_until(self.path, start_step)
         self._file = open(self.path, "a" if resume else "w", buffering=1)  # line-buffered: readable while running
         if progress:
             from tqdm import tqdm
@@ -225,6 +227,22 @@ class MetricsLog:
         if self._wandb is not None:
             self._wandb.finish()
         self._file.close()
+
+
+def _keep_records_until(path: str, step: int) -> None:
+    """A resumed run logs again the steps after its checkpoint: drop the records an interrupted
+    run wrote for them (and a line cut short by a kill), so each step appears once."""
+    if not os.path.isfile(path):
+        return
+    kept = []
+    with open(path) as f:
+        for line in f:
+            try:
+                if json.loads(line)["step"] <= step:
+                    kept.append(line)
+            except (ValueError, KeyError, TypeError):
+                pass
+    write_atomic(path, "".join(kept))
 
 
 def read_jsonl(path: str) -> list[dict]:

@@ -74,7 +74,9 @@ def run_hang(fault, wait, backend, launcher="mpiexec", watchdog_s=10):
     ended = time.time()
     fault_at = re.search(r"fault at ([0-9.]+)", result.output)
     assert fault_at, result.output[-3000:]
-    return result, ended - float(fault_at.group(1))
+    seconds = ended - float(fault_at.group(1))
+    print(f"{fault} {wait} {backend} {launcher}: exit code {result.returncode} {seconds:.1f} s after the fault")
+    return result, seconds
 
 
 # The watchdog tests use 10 s: well past gloo's connect at start-up (which shares the timeout), so a
