@@ -189,11 +189,11 @@ def main(argv=None) -> int:
             parser.error("--table is read only with --predict-world-size N")
         return predict_main(args)
 
-    base = TuningTable.load(args.add_to) if args.add_to else None  # refused before any rank starts
+    add_to = TuningTable.load(args.add_to) if args.add_to else None  # refused before any rank starts
     rt = api.init(tuning=None)  # measure the backends themselves, not a previous table's choice
     world, rank = rt.world_size, rt.rank
-    if base is not None:
-        base.check_fits(world)
+    if add_to is not None:
+        add_to.check_fits(world)
     if world < 2:
         parser.error(
             "there is nothing to tune on 1 rank; launch it on the ranks of the job, e.g. "
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     if group_sizes != [world]:
         curves = share_from_rank0(curves)
     order_by_op = {op: [cands.label(c) for c in cands.for_op(op, preferred, chunks)] for op in ops}
-    table = build_table(fingerprint(rt, hostnames), curves, args.margin, order_by_op, base)
+    table = build_table(fingerprint(rt, hostnames), curves, args.margin, order_by_op, add_to)
     log(f"measured in {time.perf_counter() - started:.0f} s\n")
     log(summary(table))
     if rank == 0 or "{rank}" in args.out:

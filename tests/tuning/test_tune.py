@@ -70,6 +70,17 @@ def test_tune_writes_an_identical_table_on_every_rank_and_the_runtime_follows_it
     followed = run_script(2, os.path.join(SCRIPTS, "follow_table.py"), 1, env=env).check().output
     assert followed.count("table followed") == 2, followed[-3000:]
 
+    # a bfloat16 sweep of all_reduce added to the measured table: its entries beside the others
+    bf16 = TUNE[:3] + ["all_reduce", "--max-bytes", "4K"] + TUNE[8:] + ["--dtype", "bfloat16", "--no-plots"]
+    added = tmp_path / "added.yaml"
+    run_ranks(2, bf16 + ["--add-to", str(tmp_path / "table-0.yaml"), "--out", str(added)]).check()
+    merged, measured = TuningTable.load(str(added)), TuningTable.load(str(tmp_path / "table-0.yaml"))
+    assert [(c.op, c.dtype) for c in merged.curves] == [(c.op, c.dtype) for c in measured.curves] + [
+        ("all_reduce", "bfloat16")
+    ]
+    assert [e for e in merged.entries if e.dtype == "any"] == measured.entries
+    assert {e.op for e in merged.entries if e.dtype == "bfloat16"} == {"all_reduce"}
+
 
 def test_a_bfloat16_sweep_added_to_a_float32_table_decides_bfloat16_alone():
     from mcr.tune import build_table
