@@ -6,6 +6,7 @@ Presets live in configs/dense/; `python -m apps.dense --config configs/dense/tin
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from typing import Optional
@@ -127,6 +128,38 @@ def validate(cfg, world_size: int) -> ParallelDims:
     check_data(cfg.data, m.vocab_size)
     check_comm(cfg.comm)
     return dims
+
+
+LAYOUT_FILE = "layout.json"  # in each checkpoint tag: how the model was cut when it was saved
+
+
+def checkpoint_layout(cfg, dims: ParallelDims) -> dict:
+    """What a checkpoint's shards depend on, by config key: the model's shapes, the TP and PP cut,
+    ZeRO stage and precision (their optimizer files), and with ZeRO the data-parallel degree."""
+    m, t = cfg.model, cfg.train
+    layout = {f"model.{k}": m[k] for k in ("vocab_size", "seq_len", "n_layer", "n_head", "d_model", "ffn_mult")}
+    layout |= {"parallel.tensor": dims.tp, "parallel.pipeline": dims.pp}
+    layout |= {"train.zero_stage": t.zero_stage, "train.precision": t.precision}
+    if t.zero_stage > 0:  # ZeRO shards the optimizer state across the data-parallel ranks
+        layout["data-parallel degree"] = dims.dp
+    return layout
+
+
+def check_resume_layout(cfg, dims: ParallelDims, ckpt_dir: str, tag: Optional[str]) -> None:
+    """resume=true: the checkpoint must have been saved with this run's layout (its shards are
+    per TP/PP rank); checked here, not as a shape error deep inside DeepSpeed's load."""
+    path = os.path.join(ckpt_dir, tag or "", LAYOUT_FILE)
+    if not cfg.resume or tag is None or not os.path.isfile(path):
+        return
+    with open(path) as f:
+        saved = json.load(f)
+    now = checkpoint_layout(cfg, dims)
+    differ = [f"{key}={saved[key]} (this run: {now[key]})" for key in now if key in saved and saved[key] != now[key]]
+    if differ:
+        raise ConfigError(
+            f"resume=true, but checkpoint {tag} in {ckpt_dir} was saved with {', '.join(differ)}; "
+            "resume with the checkpoint's values, or start afresh (resume=false or another name)"
+        )
 
 
 def _check_planner_inputs(p, layers: int, devices: int) -> None:

@@ -24,7 +24,7 @@ from apps.common.config import load_config, save_resolved, to_dict, write_atomic
 from apps.common.data import TokenBatches
 from apps.common.metrics import LM_FIELDS, Meter, MetricsLog
 from apps.common.seed import seed_step
-from apps.dense.config import DenseConfig, validate
+from apps.dense.config import LAYOUT_FILE, DenseConfig, check_resume_layout, checkpoint_layout, validate
 from apps.dense.model import GPT, TensorParallel, count_params, layer_specs, lm_loss
 from apps.dense.partition import plan_parts
 from mcr.env import discover, threads_per_rank
@@ -109,6 +109,7 @@ def main(argv=None) -> dict:
     dims = validate(cfg, launch.world_size)  # tensor x pipeline, data parallel fills the rest
     run_dir = os.path.join(cfg.out_dir, cfg.name)
     ckpt_dir = os.path.join(run_dir, "checkpoints")
+    check_resume_layout(cfg, dims, ckpt_dir, latest_tag(ckpt_dir))  # a checkpoint cut another way
     torch.set_num_threads(cfg.train.threads or threads_per_rank(launch.local_world_size))
 
     # 2. Communication: DeepSpeed's comm layer on the mcr runtime (mcr.hooks.deepspeed), then this
@@ -228,6 +229,8 @@ def main(argv=None) -> dict:
     def save_checkpoint(step):
         engine.save_checkpoint(ckpt_dir, tag=tag_for(step), client_state={"step": step}, save_latest=False)
         if rank == 0:  # save_checkpoint ends with a barrier: every rank's shard is complete
+            layout = json.dumps(checkpoint_layout(cfg, dims), indent=1)
+            write_atomic(os.path.join(ckpt_dir, tag_for(step), LAYOUT_FILE), layout)
             mark_latest(ckpt_dir, tag_for(step), keep=cfg.checkpoint.keep)
 
     # 7. Training loop.

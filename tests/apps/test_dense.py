@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from apps.common.config import ConfigError, load_config
-from apps.dense.config import DenseConfig, validate
+from apps.dense.config import DenseConfig, check_resume_layout, validate
 from apps.dense.train import main
 from tests.ranks import REPO, clean_env, run_ranks
 
@@ -166,6 +166,22 @@ def test_pipeline_resumes_from_the_last_checkpoint_every_rank_saved_and_matches_
         assert p["layers"] == list(range(parts[p["stage"]], parts[p["stage"] + 1]))
     with open(os.path.join(run_dir, "profile.json")) as f:
         assert len(json.load(f)["layers"]) == 4  # profiled on the spot: embedding, 2 layers, head
+
+
+def test_resume_with_another_layout_fails_before_any_process_group(runs):
+    run_dir = runs("pp2")[1][2]  # the resumed run; its checkpoints record the layout they were saved with
+    out_dir, name = os.path.split(run_dir)
+    argv = ["--config", TINY, f"out_dir={out_dir}", f"name={name}", "resume=true"]
+    with pytest.raises(ConfigError) as error:  # this process is a world of one: PP=2 cannot resume here
+        main(argv + ["model.d_model=64", "train.zero_stage=1"])
+    assert str(error.value) == (
+        f"resume=true, but checkpoint step_000008 in {run_dir}/checkpoints was saved with model.d_model=32 "
+        "(this run: 64), parallel.pipeline=2 (this run: 1), train.zero_stage=0 (this run: 1); "
+        "resume with the checkpoint's values, or start afresh (resume=false or another name)"
+    )
+    assert not torch.distributed.is_initialized()
+    fresh = load_config(DenseConfig, argv[:-1] + ["resume=false", "model.d_model=64"])  # a new run may differ
+    check_resume_layout(fresh, validate(fresh, 1), os.path.join(run_dir, "checkpoints"), "step_000008")
 
 
 def test_tensor_pipeline_and_sequence_parallel_on_4_ranks_matches_one_rank(runs):
