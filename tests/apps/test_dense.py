@@ -154,10 +154,9 @@ def test_pipeline_resumes_from_the_last_checkpoint_every_rank_saved_and_matches_
     output, metrics, run_dir = resumed
     assert "PipelineEngine" in failed[0] and "open file failed with strerror: Is a directory" in failed[0]
     assert "resuming at step 5" in output  # `latest` stayed at step 5: stage 1 never saved step 8
-    # the failed run logged steps 1-8; the resumed one appended 6-8 again, on the same curve
-    assert [m["step"] for m in metrics] == [*range(1, 9), 6, 7, 8]
-    reference = losses(runs("one-rank")[1])
-    assert losses(metrics) == pytest.approx(reference + reference[5:], abs=TOL)
+    # the resumed run replaced the failed run's records of steps 6-8 with its own, on the same curve
+    assert [m["step"] for m in metrics] == list(range(1, 9))
+    assert losses(metrics) == pytest.approx(losses(runs("one-rank")[1]), abs=TOL)
     with open(os.path.join(run_dir, "checkpoints", "latest")) as f:
         assert f.read() == "step_000008"
     with open(os.path.join(run_dir, "partition.json")) as f:
@@ -256,7 +255,7 @@ def test_bad_config_fails_before_any_process_group():
 
 
 def test_bad_config_under_mpiexec_exits_with_one_message():
-    result = run_ranks(2, ["-m", "apps.dense", "--config", TINY, "model.n_head=3", "parallel.tensor=2"], timeout=120)
+    result = run_ranks(2, ["-m", "apps.dense", "--config", TINY, "model.n_head=3", "parallel.tensor=2"], timeout=300)
     assert result.returncode != 0
     assert result.output.count("config error: bad value for config key 'model.n_head': 3 heads") == 1
 
