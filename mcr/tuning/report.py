@@ -37,11 +37,12 @@ def summary(table, group_size=None) -> str:
         if group_size is not None and size != group_size:
             continue
         lines.append(f"\n# {op}, group of {size}")
-        lines.append(f"{'bytes':<22}{'choice':<18}{'':<11}latency us at the largest measured size")
+        lines.append(f"{'bytes':<31}{'choice':<18}{'':<11}latency us at the largest measured size")
         for e in (e for e in table.entries if (e.op, e.group_size) == (op, size)):
             lat = ", ".join(f"{c} {t:g}" for c, t in sorted(e.latency_us.items(), key=lambda kv: kv[1]))
             at = f" @{human_bytes(e.latency_at_bytes)}" if e.latency_at_bytes is not None else ""
-            lines.append(f"{_range(e):<22}{label(e.choice):<18}{'predicted' if e.predicted else '':<11}{lat}{at}")
+            sizes = _range(e) + ("" if e.dtype == "any" else f" {e.dtype}")
+            lines.append(f"{sizes:<31}{label(e.choice):<18}{'predicted' if e.predicted else '':<11}{lat}{at}")
     return "\n".join(lines)
 
 
