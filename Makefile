@@ -7,6 +7,9 @@ STAMP := $(VENV)/.installed
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export WANDB_MODE ?= offline
+# DeepSpeed JIT-builds its ops under a lock in this dir: one per venv, so two checkouts never
+# rebuild over each other or wait on each other's lock (~/.cache/torch_extensions is shared)
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
 
 .PHONY: setup run test lint bench tune compare clean slurm-deps
 

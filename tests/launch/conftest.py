@@ -10,8 +10,9 @@ import pytest
 
 from tests.launch import slurm_cluster
 
-# Built once per machine (not per job): copied into each job's own TORCH_EXTENSIONS_DIR.
-OPS_CACHE = os.path.join(os.path.expanduser("~"), ".cache", "mcr-dl", "test-torch-extensions")
+# Built once per venv (not per job): copied into each job's own TORCH_EXTENSIONS_DIR. Per venv,
+# because torch rebuilds an op whose build flags (the venv's include paths) differ from the cache's.
+OPS_CACHE = os.path.join(sys.prefix, "test-torch-extensions")
 BUILD_OPS = (
     "from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('FusedAdamBuilder').load()"
 )
