@@ -96,13 +96,16 @@ class Watchdog:
         """SIGTERM: name the ops this rank waits in, then end at once, as SIGTERM would have."""
         with self._ending:
             if os.getpid() == self._pid:  # not a forked child (a data-loader worker)
-                for what in list(self.waits.values()):
+                ended = f"mcr: rank {self.rank} was ended by SIGTERM (its launcher stopping the job; another rank probably died)"
+                waits = list(self.waits.values())
+                for what in waits:
                     op, backend, nbytes, group_size = what
                     sys.stderr.write(
-                        f"mcr: rank {self.rank} was ended by SIGTERM (its launcher stopping the job; another "
-                        f"rank probably died) while waiting {self._waited(what):.1f} s in {op} on backend "
-                        f"{backend} ({nbytes} bytes, group of {group_size} ranks)\n"
+                        f"{ended} while waiting {self._waited(what):.1f} s in {op} on backend {backend} "
+                        f"({nbytes} bytes, group of {group_size} ranks)\n"
                     )
+                if not waits:
+                    sys.stderr.write(f"{ended} outside any communication op\n")
                 sys.stderr.flush()
             os._exit(128 + signal.SIGTERM)  # the shell's code for "ended by SIGTERM"
 

@@ -21,6 +21,8 @@ FAULT_SCRIPT = os.path.join(REPO, "tests", "apps", "fault_script.py")
 COMMON = ["train.steps=6", "checkpoint.enabled=true", "checkpoint.interval=2", "log_interval=1", "progress=false"]
 # trainer -> (launcher of the killed run, launcher of the resumed run)
 TRAINERS = {
+    "moe": ("mpiexec", "torchrun"),
+    "dense": ("torchrun", "mpiexec"),
     "dlrm": ("mpiexec", "torchrun"),
 }
 # what each launcher prints about rank 0 SIGKILLed

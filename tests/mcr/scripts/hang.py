@@ -22,7 +22,7 @@ mcr.init()
 rank = mcr.get_rank()
 mcr.all_reduce(torch.ones(4), backend=backend)  # everyone is up
 if rank == 1:
-    time.sleep(2)  # rank 0 is waiting by now
+    time.sleep(5)  # rank 0 is waiting by now, even on a loaded machine
     print(f"fault at {time.time()}", flush=True)
     if fault == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
