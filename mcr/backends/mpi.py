@@ -213,11 +213,13 @@ class MPIBackend(Backend):
     # --- ops -----------------------------------------------------------------------------------
     @_staged_through_host
     def all_reduce(self, g, tensor, op, async_op):
-        if tensor.dtype in self._upcast and tensor.nbytes < UPCAST_BELOW:
+        dtype, nbytes = tensor.dtype, tensor.nbytes  # the hot path: each attribute read counts
+        if dtype in self._upcast and nbytes < UPCAST_BELOW:
             return self._all_reduce_upcast(g, tensor, op, async_op)
+        buf = [self._mem(tensor.data_ptr(), nbytes), self._dtypes[dtype]]
         if async_op:
-            return from_mpi_request(g.Iallreduce(self._in_place, self._typed(tensor), self._op(tensor, op)), tensor)
-        g.Allreduce(self._in_place, self._typed(tensor), self._ops_for[tensor.dtype][op])
+            return from_mpi_request(g.Iallreduce(self._in_place, buf, self._ops_for[dtype][op]), tensor)
+        g.Allreduce(self._in_place, buf, self._ops_for[dtype][op])
 
     def _all_reduce_upcast(self, g, tensor, op, async_op):
         wide = tensor.float()
