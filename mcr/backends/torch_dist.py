@@ -49,7 +49,7 @@ class TorchDistBackend(Backend):
         return self._make_pg(store, group_rank, len(ranks))
 
     @staticmethod
-    def _finish(work, async_op, keep=None):
+    def _handle_or_wait(work, async_op, keep=None):
         if async_op:
             return from_torch_work(work, keep)
         work.wait()
@@ -67,60 +67,60 @@ class TorchDistBackend(Backend):
         return self._reduce_opts(self._allreduce_opts, dist.AllreduceOptions, op)
 
     def all_reduce(self, g, tensor, op, async_op):
-        return self._finish(g.allreduce([tensor], self._ar_opts(op)), async_op)
+        return self._handle_or_wait(g.allreduce([tensor], self._ar_opts(op)), async_op)
 
     def reduce(self, g, tensor, dst, op, async_op):
         opts = dist.ReduceOptions()
         opts.reduceOp, opts.rootRank, opts.rootTensor = REDUCE_OPS[op], dst, 0
-        return self._finish(g.reduce([tensor], opts), async_op)
+        return self._handle_or_wait(g.reduce([tensor], opts), async_op)
 
     def broadcast(self, g, tensor, src, async_op):
         opts = dist.BroadcastOptions()
         opts.rootRank, opts.rootTensor = src, 0
-        return self._finish(g.broadcast([tensor], opts), async_op)
+        return self._handle_or_wait(g.broadcast([tensor], opts), async_op)
 
     def all_gather(self, g, output_list, tensor, async_op):
-        return self._finish(g.allgather([output_list], [tensor]), async_op)
+        return self._handle_or_wait(g.allgather([output_list], [tensor]), async_op)
 
     def all_gather_into_tensor(self, g, output, tensor, async_op):
-        return self._finish(_all_gather_single(g, output, tensor), async_op)
+        return self._handle_or_wait(_all_gather_single(g, output, tensor), async_op)
 
     def gather(self, g, tensor, gather_list, dst, async_op):
         opts = dist.GatherOptions()
         opts.rootRank = dst
         outputs = [gather_list] if gather_list is not None else []
-        return self._finish(g.gather(outputs, [tensor], opts), async_op)
+        return self._handle_or_wait(g.gather(outputs, [tensor], opts), async_op)
 
     def scatter(self, g, tensor, scatter_list, src, async_op):
         opts = dist.ScatterOptions()
         opts.rootRank = src
         inputs = [scatter_list] if scatter_list is not None else []
-        return self._finish(g.scatter([tensor], inputs, opts), async_op)
+        return self._handle_or_wait(g.scatter([tensor], inputs, opts), async_op)
 
     def _rs_opts(self, op):
         return self._reduce_opts(self._reduce_scatter_opts, dist.ReduceScatterOptions, op)
 
     def reduce_scatter(self, g, output, input_list, op, async_op):
-        return self._finish(g.reduce_scatter([output], [input_list], self._rs_opts(op)), async_op)
+        return self._handle_or_wait(g.reduce_scatter([output], [input_list], self._rs_opts(op)), async_op)
 
     def reduce_scatter_tensor(self, g, output, input, op, async_op):
-        return self._finish(_reduce_scatter_single(g, output, input, self._rs_opts(op)), async_op)
+        return self._handle_or_wait(_reduce_scatter_single(g, output, input, self._rs_opts(op)), async_op)
 
     def all_to_all(self, g, output_list, input_list, async_op):
-        return self._finish(g.alltoall(output_list, input_list, self._all_to_all_opts), async_op)
+        return self._handle_or_wait(g.alltoall(output_list, input_list, self._all_to_all_opts), async_op)
 
     def all_to_all_single(self, g, output, input, output_splits, input_splits, async_op):
         work = g.alltoall_base(output, input, output_splits or [], input_splits or [], self._all_to_all_opts)
-        return self._finish(work, async_op)
+        return self._handle_or_wait(work, async_op)
 
     def send(self, g, tensor, dst, tag, async_op):
-        return self._finish(g.send([tensor], dst, tag), async_op)
+        return self._handle_or_wait(g.send([tensor], dst, tag), async_op)
 
     def recv(self, g, tensor, src, tag, async_op):
-        return self._finish(g.recv([tensor], src, tag), async_op)
+        return self._handle_or_wait(g.recv([tensor], src, tag), async_op)
 
     def barrier(self, g, async_op):
-        return self._finish(g.barrier(self._barrier_opts), async_op)
+        return self._handle_or_wait(g.barrier(self._barrier_opts), async_op)
 
 
 class GlooBackend(TorchDistBackend):

@@ -95,7 +95,7 @@ class RuntimeProcessGroup(dist.ProcessGroup):
         flat = torch.cat([t.reshape(-1) for t in tensors])
         handle = api.all_reduce(flat, _op(opts.reduceOp), self.mcr_group, True)
         handle.then(lambda: _unflatten(flat, tensors))
-        return self._finish(handle, tensors, opts.asyncOp)
+        return self._work_or_wait(handle, tensors, opts.asyncOp)
 
     def reduce(self, tensors, opts):
         tensor = tensors[opts.rootTensor]
@@ -120,11 +120,11 @@ class RuntimeProcessGroup(dist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists, inputs, opts):
         handles = [api.all_gather(outs, t, self.mcr_group, True) for outs, t in zip(output_lists, inputs)]
-        return self._finish(handles, output_lists, opts.asyncOp)
+        return self._work_or_wait(handles, output_lists, opts.asyncOp)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts):
         handles = [api.all_gather_into_tensor(o, i, self.mcr_group, True) for o, i in zip(outputs, inputs)]
-        return self._finish(handles, outputs, opts.asyncOp)
+        return self._work_or_wait(handles, outputs, opts.asyncOp)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -154,7 +154,7 @@ class RuntimeProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
         op = _op(opts.reduceOp)
         handles = [api.reduce_scatter_tensor(o, i, op, self.mcr_group, True) for o, i in zip(outputs, inputs)]
-        return self._finish(handles, outputs, opts.asyncOp)
+        return self._work_or_wait(handles, outputs, opts.asyncOp)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
@@ -193,7 +193,7 @@ class RuntimeProcessGroup(dist.ProcessGroup):
         return DONE if handle is None else HandleWork(handle, result)
 
     @staticmethod
-    def _finish(handles, result, async_op):
+    def _work_or_wait(handles, result, async_op):
         """Coalesced ops run async inside; a blocking caller gets them finished."""
         work = HandleWork(handles, result)
         if async_op:
