@@ -2,11 +2,15 @@
 
     python -m launch submit --system local --nodes 1 -- moe --config configs/moe/tiny.yaml train.steps=20
     python -m launch script --system lassen --nodes 4 --time 1:00:00 --account mybank -- moe
+    python -m launch submit --system local --nodes 1 --resume runs/<job dir>/moe-<id> -- moe
     python -m launch sweep --system local --app moe --nodes 1 --backends gloo,mpi,auto -- --config ...
 
 `submit` writes runs/<app>-<system>-<N>n-<time>/job.sh, shows it, submits it (sbatch, bsub or
 qsub) unless --dry-run, and prints the job id and where the log and the run dir (metrics,
-summary.json) land; `script` only writes it. `sweep`: see launch/sweep.py.
+summary.json) land; `script` only writes it. `--resume RUN_DIR` continues a run that ended early
+(a killed or timed-out job) from the last checkpoint its `latest` names, in that run dir, with
+`resume=true`, and with the settings saved in it unless trainer args are given. `sweep`: see
+launch/sweep.py.
 """
 
 from __future__ import annotations
@@ -72,6 +76,18 @@ def parse_nodes(text: str) -> list[int]:
     return nodes
 
 
+def check_resume_dir(path: str, app: str) -> str:
+    """An earlier job's run dir (<job dir>/<app>-<job id>) holding a complete checkpoint."""
+    path = os.path.abspath(path)
+    if not os.path.isdir(path):
+        raise LaunchError(f"--resume {path}: no such run dir; give an earlier job's <job dir>/{app}-<job id>")
+    if not os.path.basename(path).startswith(f"{app}-"):
+        raise LaunchError(f"--resume {path}: not a run of {app} (its run dirs are named {app}-<job id>)")
+    if not os.path.isfile(os.path.join(path, "checkpoints", "latest")):
+        raise LaunchError(f"--resume {path}: no checkpoints/latest there, so nothing to resume; submit a new run")
+    return path
+
+
 def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     if "--" in argv:
         i = argv.index("--")
@@ -89,6 +105,7 @@ def submit_main(command: str, argv: list[str]) -> int:
     if command == "submit":
         parser.add_argument("--dry-run", action="store_true", help="write and show the script, do not submit it")
     parser.add_argument("--quiet", action="store_true", help="do not show the script")
+    parser.add_argument("--resume", metavar="RUN_DIR", help="continue this earlier run from its last checkpoint")
     args = parser.parse_args(own)
     if not rest:
         parser.error("name the app after --, e.g. -- moe --config configs/moe/tiny.yaml")
@@ -98,11 +115,15 @@ def submit_main(command: str, argv: list[str]) -> int:
     nodes = nodes[0]
     system = load_system(args.system, account=args.account, queue=args.queue)
     app = check_app(rest[0])
+    resume_dir = check_resume_dir(args.resume, app) if args.resume else ""
     seconds = parse_time(args.time)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = f"{app}-{system.name}-{nodes}n"
     job_dir = new_job_dir(os.path.abspath(args.out), f"{name}-{stamp}")
-    job = Job(system, nodes, seconds, job_dir, name, app, rest[1:])
+    trainer_args = rest[1:]
+    if resume_dir and not trainer_args:  # the settings the run started with, saved in its run dir
+        trainer_args = ["--config", os.path.join(resume_dir, "config.yaml")]
+    job = Job(system, nodes, seconds, job_dir, name, app, trainer_args, resume_dir=resume_dir)
     path = write_script(job)
     if not args.quiet:
         print(open(path).read())
@@ -115,7 +136,8 @@ def submit_main(command: str, argv: list[str]) -> int:
     log = os.path.join(job_dir, SCHEDULER_LOG[system.scheduler].replace("%j", job_id).replace("%J", job_id))
     print(f"submitted job {job_id} ({system.scheduler}): {job.ranks} ranks of apps.{app} on {system.name}")
     print(f"log:     {shown(log)}")
-    print(f"run dir: {shown(os.path.join(job_dir, f'{app}-{job_id}'))} (metrics.jsonl, summary.json)")
+    run_dir = resume_dir or os.path.join(job_dir, f"{app}-{job_id}")
+    print(f"run dir: {shown(run_dir)} (metrics.jsonl, summary.json)")
     return 0
 
 

@@ -31,6 +31,7 @@ class Job:
     app: str  # apps.<app> is the module run on every rank
     args: list  # the trainer's arguments (preset, key=value overrides)
     module: str = ""  # what every rank runs with python -m (default apps.<app>)
+    resume_dir: str = ""  # an earlier job's run dir to continue (resume=true) instead of a new one
 
     @property
     def ranks(self) -> int:
@@ -146,7 +147,7 @@ def job_script(job: Job) -> str:
         "set -eo pipefail",
         f"JOB_ID={JOB_ID[s.scheduler]}",
         f"JOB_DIR={shlex.quote(job.job_dir)}",
-        f'RUN_DIR="$JOB_DIR/{job.app}-$JOB_ID"',
+        f"RUN_DIR={shlex.quote(job.resume_dir)}" if job.resume_dir else f'RUN_DIR="$JOB_DIR/{job.app}-$JOB_ID"',
         f"cd {shlex.quote(REPO)}",
         *setup,
         *(f"{key}={value}" for key, value in exports.items()),
@@ -155,10 +156,18 @@ def job_script(job: Job) -> str:
         'mkdir -p "$RUN_DIR"',
         f'echo "job $JOB_ID: {job.ranks} ranks of {module} on {s.name}; master $MASTER_ADDR:$MASTER_PORT;'
         ' run dir $RUN_DIR"',
-        f'{_launcher(job, list(exports))} {shlex.join(trainer)} out_dir="$JOB_DIR" name="{job.app}-$JOB_ID"',
+        f"{_launcher(job, list(exports))} {shlex.join(trainer)} {_run_dir_args(job)}",
         "",
     ]
     return "\n".join(lines)
+
+
+def _run_dir_args(job: Job) -> str:
+    """Where the trainer writes: a new run dir named with the job id, or the run it resumes."""
+    if job.resume_dir:
+        out_dir, name = os.path.split(job.resume_dir)
+        return f"out_dir={shlex.quote(out_dir)} name={shlex.quote(name)} resume=true"
+    return f'out_dir="$JOB_DIR" name="{job.app}-$JOB_ID"'
 
 
 def write_script(job: Job) -> str:

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from launch.cli import main
+from launch.cli import check_resume_dir, main
 from launch.scripts import Job, job_script
 from launch.systems import REPO, SYSTEMS_DIR, LaunchError, load_system, parse_time, walltime
 
@@ -128,3 +128,15 @@ def test_launching_imports_neither_torch_nor_mcr():
     code = "import sys, launch.cli, launch.sweep, launch.local; print([m for m in ('torch', 'mcr', 'mpi4py') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_resume_refuses_a_run_dir_with_nothing_to_resume(tmp_path):
+    (tmp_path / "moe-7").mkdir()
+    for path, message in [
+        (tmp_path / "nowhere", "no such run dir"),
+        (tmp_path / "moe-7", "no checkpoints/latest there, so nothing to resume"),
+    ]:
+        with pytest.raises(LaunchError, match=message):
+            check_resume_dir(str(path), "moe")
+    with pytest.raises(LaunchError, match="not a run of dense"):
+        check_resume_dir(str(tmp_path / "moe-7"), "dense")

@@ -177,3 +177,27 @@ def test_srun_plugins_give_an_mpi_world_or_name_the_plugin_to_use(slurm, system,
 
 def test_job_state_of_an_unknown_job_is_gone(slurm):
     assert job_state("slurm", "999999") == "GONE"
+
+
+def test_a_rank_killed_under_srun_fails_the_job_and_resume_continues_its_run(slurm, system, tmp_path):
+    # rank 0 SIGKILLed after every rank wrote step 4's checkpoint, before `latest` names it
+    common = ["train.steps=6", "checkpoint.enabled=true", "checkpoint.interval=2", "log_interval=1", "progress=false"]
+    args = ["step_000004", "apps.moe", "--config", "configs/moe/tiny.yaml", *common]
+    job = Job(load_system(system), 1, 600, str(tmp_path / "job"), "moe", "moe", args, module="tests.apps.fault_script")
+    job_id = submit("slurm", write_script(job), cwd=job.job_dir)
+    assert wait("slurm", [job_id], DEADLINE_S)[job_id] == "FAILED"  # srun --kill-on-bad-exit ended the job
+    text = read(os.path.join(job.job_dir, f"job-{job_id}.out"))
+    assert "rank 0 SIGKILLed before marking step_000004 latest" in text and "task 0: Killed" in text, text[-3000:]
+    run_dir = os.path.join(job.job_dir, f"moe-{job_id}")
+    assert read(os.path.join(run_dir, "checkpoints", "latest")) == "step_000002"
+
+    # the user resubmits the run as it was: same run dir, its saved settings, resume=true
+    out = launch(slurm, tmp_path, "submit", "--system", system, "--nodes", "1", "--resume", run_dir, "--", "moe")
+    resumed, log, shown_run_dir = submitted(out)
+    assert os.path.samefile(os.path.join(tmp_path, shown_run_dir), run_dir)
+    states = wait("slurm", [resumed], DEADLINE_S)
+    text = read(os.path.join(tmp_path, log))
+    assert states[resumed] == "DONE" and "resuming at step 2 -> 6" in text, text[-3000:]
+    steps = [json.loads(line)["step"] for line in read(os.path.join(run_dir, "metrics.jsonl")).splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]  # the killed job's steps 3-4 replaced, not repeated
+    assert read(os.path.join(run_dir, "checkpoints", "latest")) == "step_000006"
