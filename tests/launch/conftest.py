@@ -45,7 +45,10 @@ def ops_cache():
     session killed mid-build leaves no half-built cache (and no lock) for the next one."""
     if not os.path.isdir(OPS_CACHE):
         building = f"{OPS_CACHE}.building-{os.getpid()}"
-        env = dict(os.environ, TORCH_EXTENSIONS_DIR=building, DS_ACCELERATOR="cpu")
+        # the venv's ninja first, as in the job scripts: a build log from another ninja version
+        # ("build log version is too old") makes every job rebuild from scratch
+        path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+        env = dict(os.environ, TORCH_EXTENSIONS_DIR=building, DS_ACCELERATOR="cpu", PATH=path)
         subprocess.run([sys.executable, "-c", BUILD_OPS], env=env, check=True, timeout=1200, capture_output=True)
         try:
             os.rename(building, OPS_CACHE)

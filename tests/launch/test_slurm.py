@@ -20,6 +20,7 @@ from launch.cli import app_names
 from launch.scripts import Job, write_script
 from launch.submit import job_state, submit, wait
 from launch.systems import REPO, load_system
+from tests.launch.conftest import OPS_CACHE
 
 APPS = [a for a in app_names() if os.path.isfile(os.path.join(REPO, "configs", a, "tiny.yaml"))]  # every trainer
 LAUNCH = f"import sys; sys.path.insert(0, {REPO!r}); from launch.cli import main; sys.exit(main())"
@@ -86,6 +87,9 @@ def test_submit_runs_the_tiny_preset_on_two_tasks_with_mpi(slurm, system, tmp_pa
     comm = json.loads(read(os.path.join(run_path, "comm_log.json")))
     assert any(row["backend"] == "mpi" and row["group_size"] == 2 for row in comm), comm  # srun gave MPI a world
     assert os.path.isdir(os.path.join(run_path, "torch_extensions"))  # the job's own ops dir
+    built = os.path.join(run_path, "torch_extensions", "fused_adam", "fused_adam.so")
+    if os.path.exists(built):  # the DeepSpeed trainers: the seeded op was loaded, not rebuilt
+        assert os.stat(built).st_mtime == os.stat(os.path.join(OPS_CACHE, "fused_adam", "fused_adam.so")).st_mtime
 
 
 def test_a_job_killed_mid_compile_or_mid_run_does_not_hang_the_next(slurm, system, tmp_path):
