@@ -22,6 +22,7 @@ from apps.common.checkpoint import latest_tag, mark_latest, step_of, tag_for
 from apps.common.comm import comm_seconds, finalize_comm, setup_deepspeed_comm
 from apps.common.config import load_config, save_resolved, to_dict, write_atomic
 from apps.common.data import TokenBatches
+from apps.common.deepspeed_config import deepspeed_config as shared_deepspeed_config
 from apps.common.metrics import LM_FIELDS, Meter, MetricsLog
 from apps.common.seed import seed_step
 from apps.dense.config import LAYOUT_FILE, DenseConfig, check_resume_layout, checkpoint_layout, validate
@@ -31,34 +32,16 @@ from mcr.env import discover, threads_per_rank
 
 
 def deepspeed_config(cfg) -> dict:
-    t = cfg.train
-    return {
-        "train_micro_batch_size_per_gpu": t.micro_batch,
-        "gradient_accumulation_steps": t.grad_accum,
-        "gradient_clipping": t.grad_clip,
-        "optimizer": {"type": "Adam", "params": {"lr": t.lr, "betas": [0.9, 0.95], "weight_decay": t.weight_decay}},
-        "scheduler": {
-            "type": "WarmupDecayLR",
-            "params": {
-                "warmup_min_lr": 0.0,
-                "warmup_max_lr": t.lr,
-                "warmup_num_steps": t.warmup_steps,
-                "total_num_steps": t.steps,
-                "warmup_type": "linear",
-            },
-        },
-        "zero_optimization": {"stage": t.zero_stage},
-        "bf16": {"enabled": t.precision == "bf16"},
-        # DeepSpeed may send 1/TP of an activation between stages and all-gather it over TP on
-        # arrival: right for activations every TP rank holds whole, wrong for sequence-parallel
-        # ones (each TP rank holds a different slice of the sequence).
-        "pipeline": {
-            "activation_checkpoint_interval": 0,
-            "pipe_partitioned": not cfg.parallel.sequence,
-            "grad_partitioned": not cfg.parallel.sequence,
-        },
-        "steps_per_print": 10**9,  # we print our own line
+    ds_config = shared_deepspeed_config(cfg.train)
+    # DeepSpeed may send 1/TP of an activation between stages and all-gather it over TP on
+    # arrival: right for activations every TP rank holds whole, wrong for sequence-parallel
+    # ones (each TP rank holds a different slice of the sequence).
+    ds_config["pipeline"] = {
+        "activation_checkpoint_interval": 0,
+        "pipe_partitioned": not cfg.parallel.sequence,
+        "grad_partitioned": not cfg.parallel.sequence,
     }
+    return ds_config
 
 
 def stage_boundaries(cfg, dims, rank, run_dir, resuming, dist):

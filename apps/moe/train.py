@@ -20,34 +20,12 @@ from apps.common.checkpoint import latest_tag, mark_latest, step_of, tag_for
 from apps.common.comm import comm_seconds, finalize_comm, setup_deepspeed_comm
 from apps.common.config import load_config, save_resolved, to_dict, write_atomic
 from apps.common.data import TokenBatches
+from apps.common.deepspeed_config import deepspeed_config
 from apps.common.metrics import LM_FIELDS, Meter, MetricsLog
 from apps.common.seed import seed_step
 from apps.moe.config import MoEConfig, validate
 from apps.moe.model import GPTMoE, count_params, lm_loss
 from mcr.env import discover, threads_per_rank
-
-
-def deepspeed_config(cfg) -> dict:
-    t = cfg.train
-    return {
-        "train_micro_batch_size_per_gpu": t.micro_batch,
-        "gradient_accumulation_steps": t.grad_accum,
-        "gradient_clipping": t.grad_clip,
-        "optimizer": {"type": "Adam", "params": {"lr": t.lr, "betas": [0.9, 0.95], "weight_decay": t.weight_decay}},
-        "scheduler": {
-            "type": "WarmupDecayLR",
-            "params": {
-                "warmup_min_lr": 0.0,
-                "warmup_max_lr": t.lr,
-                "warmup_num_steps": t.warmup_steps,
-                "total_num_steps": t.steps,
-                "warmup_type": "linear",
-            },
-        },
-        "zero_optimization": {"stage": t.zero_stage},
-        "bf16": {"enabled": t.precision == "bf16"},
-        "steps_per_print": 10**9,  # we print our own line
-    }
 
 
 def banner(cfg, dims, engine, model, start, end, run_dir) -> str:
@@ -107,7 +85,7 @@ def main(argv=None) -> dict:
 
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg.model.ep_size = dims.ep  # 0 meant all ranks; the saved config says how many
-    ds_config = deepspeed_config(cfg)
+    ds_config = deepspeed_config(cfg.train)
     if rank == 0:  # the run directory records what was asked and what DeepSpeed was given
         os.makedirs(run_dir, exist_ok=True)
         save_resolved(cfg, os.path.join(run_dir, "config.yaml"))
