@@ -29,6 +29,7 @@ class RuntimeConfig:
     watchdog_timeout_s: float = 600.0  # a rank stuck this long in one op aborts the job
     backends: str = ",".join(KNOWN_BACKENDS)  # which backends to start, where available
     debug: str = "off"  # detail: before each collective the group's ranks check they make the same call
+    progress_thread: bool = True  # a thread completes async ops (and their futures) nobody waits on
 
 
 class ConfigError(ValueError):
@@ -70,6 +71,7 @@ ENV_VARS = {
     "MCR_COMM_LOG_JSON": ("comm_log_json", _text),
     "MCR_WATCHDOG_TIMEOUT": ("watchdog_timeout_s", _seconds),
     "MCR_DEBUG": ("debug", _text),
+    "MCR_PROGRESS_THREAD": ("progress_thread", _flag),
 }
 
 

@@ -4,13 +4,20 @@ It also keeps the op's buffers alive until completion: mpi4py does not hold a re
 the buffers of a nonblocking call (Iallreduce with IN_PLACE, Ireduce_scatter_block), so a
 temporary freed early would make the result garbage. The runtime holds every handle until its
 op completes (`Runtime.hold`), so a caller may drop it.
+
+Two threads may complete a handle: the caller (wait, is_completed) and the runtime's progress
+thread (`mcr.progress`). A lock lets one of them test or wait on the request at a time (MPI
+forbids two threads completing one request) and runs the finishers exactly once; `_done` is
+set only after they ran, so a thread that sees it set sees their results.
 """
 
 from __future__ import annotations
 
+from threading import Lock
+
 
 class Handle:
-    __slots__ = ("_wait", "_test", "_keep", "_finishers", "_done")
+    __slots__ = ("_wait", "_test", "_keep", "_finishers", "_done", "_lock", "op", "completes_alone")
 
     def __init__(self, wait, test, keep=None, finish=None):
         self._wait = wait  # blocks until the backend op is done
@@ -18,33 +25,44 @@ class Handle:
         self._keep = keep  # buffers that must outlive the op
         self._finishers = [finish] if finish is not None else []
         self._done = False
+        self._lock = Lock()
+        self.op = None  # the runtime's OpCall, to name the op if it never completes
+        self.completes_alone = True  # False: the library marks it done only when waited on
 
     def then(self, finish) -> "Handle":
         """Run `finish()` once the op completes (copy-outs, averaging, accounting)."""
-        if self._done:
-            finish()
-        else:
-            self._finishers.append(finish)
+        with self._lock:
+            if not self._done:
+                self._finishers.append(finish)
+                return self
+        finish()
         return self
 
     def wait(self, timeout=None) -> bool:
         if not self._done:
-            self._wait()
-            self._complete()
+            with self._lock:
+                if not self._done:
+                    self._wait()
+                    self._complete()
         return True
 
     def is_completed(self) -> bool:
-        if not self._done and self._test():
-            self._complete()
+        """Never blocks: while another thread holds the handle (waiting or testing), says False."""
+        if not self._done and self._lock.acquire(blocking=False):
+            try:
+                if not self._done and self._test():
+                    self._complete()
+            finally:
+                self._lock.release()
         return self._done
 
     def _complete(self):
-        self._done = True
         for finish in self._finishers:
             finish()
         self._finishers = ()
         self._keep = None
         self._wait = self._test = None  # the request or Work, and the buffers a Work holds
+        self._done = True
 
 
 def from_torch_work(work, keep=None, finish=None) -> Handle:

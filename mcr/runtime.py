@@ -46,6 +46,7 @@ from .debug import CallChecker
 from .group import Group
 from .handle import Handle
 from .ops import dtype_name
+from .progress import ProgressThread
 from .tuning.candidates import label
 from .tuning.table import Choice, TuningTable
 from .watchdog import Watchdog
@@ -115,6 +116,7 @@ class Runtime:
         self._driven_sweep_at = 64  # past this many, drop the completed ones (as _sweep_at)
         self._needs_driving = {name for name, backend in self.backends.items() if not backend.progresses_alone}
         self._checker = self._call_checker(cfg)
+        self.progress = self._progress_thread(cfg)
         if self.world_size > 1:
             self._abort_job_on_uncaught_exception()
         if self.rank == 0:
@@ -170,7 +172,6 @@ class Runtime:
         """An exception that ends this rank must end the job: exiting normally would run
         MPI_Finalize, which waits for peers that may be waiting for us."""
         previous = sys.excepthook
-        mpi = self.backends.get("mpi")
 
         def hook(kind, value, traceback):
             # torch's init_process_group wraps this hook and buffers stderr until it returns;
@@ -179,11 +180,31 @@ class Runtime:
             previous(kind, value, traceback)
             sys.stderr.write(f"mcr: rank {self.rank} ended with {kind.__name__}; aborting the job\n")
             sys.stderr.flush()
-            if mpi is not None:
-                mpi.MPI.COMM_WORLD.Abort(1)
-            os._exit(1)
+            self.abort_job()
 
         sys.excepthook = hook
+
+    def abort_job(self):
+        """End this rank now and, through MPI where it runs, the whole job."""
+        mpi = self.backends.get("mpi")
+        if mpi is not None:
+            mpi.MPI.COMM_WORLD.Abort(1)
+        os._exit(1)
+
+    def _progress_thread(self, cfg):
+        """The thread that completes async ops nobody waits on (`mcr.progress`); none where the
+        MPI library cannot take calls from two threads at once."""
+        if not cfg.progress_thread:
+            return None
+        mpi = self.backends.get("mpi")
+        if mpi is not None and not mpi.thread_multiple:
+            if self.rank == 0:
+                log.warning(
+                    "mcr: the MPI library gives no MPI_THREAD_MULTIPLE, so async ops progress only when "
+                    "waited on (no progress thread); use an MPI built with thread support to overlap them"
+                )
+            return None
+        return ProgressThread(self, self._waits)
 
     @staticmethod
     def _read_table(cfg, info):
@@ -380,6 +401,7 @@ class Runtime:
         except Exception as exc:
             raise self._error(op, group, exc) from exc
         handle = self._watched(handle, op, group, started, logged)
+        handle.op = op
         self.hold(None if op.family == "send_recv" else comm, handle)
         if op.backend in self._needs_driving:
             with self._in_flight_lock:
@@ -438,6 +460,7 @@ class Runtime:
         handle = Handle(lambda: [h.wait() for h in handles], lambda: all(h.is_completed() for h in handles), tensor)
         if comm_log is not None:
             handle.then(lambda: comm_log.record(*whole, time.perf_counter() - started))
+        handle.op = whole
         self.hold(comm, handle)  # the caller may drop it: its post-step (AVG) must still run
         return handle
 
@@ -456,6 +479,32 @@ class Runtime:
                 in_flight.clear()
                 in_flight.extend(kept)
                 self._sweep_at = max(64, 2 * len(kept))
+        progress = self.progress
+        if progress is not None and progress.idle:
+            progress.poke()
+
+    def progress_pass(self):
+        """Test every in-flight op once, without blocking (the progress thread's step). Returns
+        the oldest op still pending (None when all are done) and whether any completed now."""
+        with self._in_flight_lock:
+            pending = [entry[1] for entry in self._in_flight]
+        oldest, completed, stale = None, False, False
+        for handle in pending:
+            if handle._done:
+                stale = True
+            elif not handle.completes_alone:
+                continue  # its caller's wait completes it; the thread neither polls nor watches it
+            elif handle.is_completed():
+                completed = True
+            elif oldest is None:
+                oldest = handle
+        if completed or stale:
+            self._forget_completed()
+        return oldest, completed
+
+    def has_in_flight(self) -> bool:
+        with self._in_flight_lock:
+            return any(not entry[1]._done and entry[1].completes_alone for entry in self._in_flight)
 
     def _complete_earlier(self, comm):
         """A blocking collective first completes the async collectives issued before it on the
@@ -534,6 +583,8 @@ class Runtime:
             op = OpCall("finalize", name, 0, self.world.size)
             self.run(op, self.world, False, backend.barrier, self.world.comms[name], ())
         self.comm_log = comm_log
+        if self.progress is not None:
+            self.progress.stop()
         if self.watchdog is not None:
             self.watchdog.stop()
         for backend in self.backends.values():

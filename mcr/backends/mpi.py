@@ -141,6 +141,7 @@ class MPIBackend(Backend):
     def __init__(self, launch_info):
         MPI = self.MPI = _load_mpi(launch_info)
         self.world = MPI.COMM_WORLD.Dup()  # our own context: user MPI traffic never matches ours
+        self.thread_multiple = MPI.Query_thread() == MPI.THREAD_MULTIPLE  # the progress thread needs it
         self.cuda_aware = _cuda_aware(MPI)
         self.devices = frozenset({"cpu", "cuda"} if torch.cuda.is_available() else {"cpu"})
         self._dtypes = {

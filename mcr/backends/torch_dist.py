@@ -26,6 +26,8 @@ _reduce_scatter_single = getattr(_CppBackend, "reduce_scatter_single", None) or 
 
 
 class TorchDistBackend(Backend):
+    p2p_completes_alone = True  # the library marks a send/recv Work done without a wait
+
     def __init__(self, store, rank: int, world_size: int, timeout_s: float):
         # rank and world size: each group's come with new_group()
         self._store = store
@@ -114,10 +116,15 @@ class TorchDistBackend(Backend):
         return self._handle_or_wait(work, async_op)
 
     def send(self, g, tensor, dst, tag, async_op):
-        return self._handle_or_wait(g.send([tensor], dst, tag), async_op)
+        return self._p2p(self._handle_or_wait(g.send([tensor], dst, tag), async_op))
 
     def recv(self, g, tensor, src, tag, async_op):
-        return self._handle_or_wait(g.recv([tensor], src, tag), async_op)
+        return self._p2p(self._handle_or_wait(g.recv([tensor], src, tag), async_op))
+
+    def _p2p(self, handle):
+        if handle is not None and not self.p2p_completes_alone:
+            handle.completes_alone = False
+        return handle
 
     def barrier(self, g, async_op):
         return self._handle_or_wait(g.barrier(self._barrier_opts), async_op)
@@ -125,6 +132,7 @@ class TorchDistBackend(Backend):
 
 class GlooBackend(TorchDistBackend):
     name = "gloo"
+    p2p_completes_alone = False  # gloo marks a send/recv Work done only in its wait()
     devices = frozenset({"cpu"})
 
     def __init__(self, store, rank, world_size, timeout_s):

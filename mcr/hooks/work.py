@@ -6,8 +6,12 @@ callers such as the DDP reducer call `wait()` or `getFuture()` on it.
 
 from __future__ import annotations
 
+from threading import Lock
+
 import torch
 import torch.distributed as dist
+
+from .. import api
 
 
 def _completed_future(result):
@@ -65,11 +69,27 @@ class HandleWork(dist.Work):
         return self.is_completed()
 
     def get_future(self):
-        # The future completes when the op does. MPI requests progress only inside MPI calls
-        # and nothing else would drive them, so we complete the op here (see the hooks README:
-        # DDP then overlaps less communication with backward).
-        self.wait()
-        return _completed_future(self._result)
+        """A future that completes when the op does: on its own where the runtime's progress
+        thread runs (DDP's reducer then overlaps the all-reduce with the rest of backward), or
+        here, waiting, where it does not (MCR_PROGRESS_THREAD=0)."""
+        if api.runtime().progress is None:
+            self.wait()
+            return _completed_future(self._result)
+        fut = torch.futures.Future()
+        handles = self._handles if isinstance(self._handles, list) else [self._handles]
+        left = [len(handles)]  # the last handle to complete sets the result (finishers run one at a time)
+        lock = Lock()
+
+        def one_done():
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                fut.set_result(self._result)
+
+        for handle in handles:
+            handle.then(one_done)
+        return fut
 
     def result(self):
         return self._result

@@ -1,0 +1,90 @@
+"""A thread that completes async ops nobody is waiting on.
+
+MPI's nonblocking ops advance only inside MPI calls, and every handle's post-steps (AVG's
+divide, copy-outs, a `dist.Work` future's result) run only when someone tests or waits on it.
+So without help an async all-reduce issued during DDP's backward pass sits still until the
+step's end, and its future completes only when waited on. This thread tests every in-flight
+handle (MPI_Test moves MPI's progress engine), so handles and futures complete on their own.
+
+On a machine with as many ranks as cores it must not take a core from compute: it sleeps
+while nothing is in flight, and while ops are pending it polls with a pause that doubles from
+MIN_PAUSE_S to MAX_PAUSE_S between tests (back to the minimum when one completes). Each poll
+costs a few microseconds of one core (mpi4py releases the GIL inside MPI calls); a train of
+async ops that their caller waits on costs under 1 µs each more than without the thread
+(4-byte async all-reduce and wait on MPI, 1 rank: 6.2-6.3 µs without, 6.9-7.3 µs with).
+
+It also tells the watchdog about the oldest pending op, so an async op that never completes
+(a dead or diverged peer) ends the job naming it, even when the caller waits on a future from
+C++ (DDP), where no wait of ours runs.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+
+MIN_PAUSE_S = 50e-6
+MAX_PAUSE_S = 1e-3
+
+
+class ProgressThread:
+    def __init__(self, runtime, waits=None):
+        self._runtime = runtime
+        self._waits = waits  # the watchdog's {thread: op} map, or None
+        self._wake = threading.Event()
+        self.idle = True  # read by the issuing thread: only an idle thread needs waking
+        self._stopped = False
+        self._thread = threading.Thread(target=self._loop, name="mcr-progress", daemon=True)
+        self._thread.start()
+
+    def poke(self) -> None:
+        """An op was issued: start polling if asleep."""
+        if self.idle:
+            self.idle = False
+            self._wake.set()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self._wake.set()
+        self._thread.join(timeout=5)
+
+    def _loop(self):
+        try:
+            self._poll_while_pending()
+        except Exception as exc:  # an op failed where no caller will see it: end the job, named
+            rt = self._runtime
+            sys.stderr.write(f"mcr: rank {rt.rank}: an async op failed in the progress thread: {exc}\n")
+            sys.stderr.flush()
+            rt.abort_job()
+
+    def _poll_while_pending(self):
+        me = threading.get_ident()
+        watched = None  # the oldest pending handle the watchdog was told of
+        pause = MIN_PAUSE_S
+        while not self._stopped:
+            # Sleep first: a caller that waits on its op soon completes it itself, and a thread
+            # that stays awake through a train of ops is not woken (a context switch) per op.
+            time.sleep(pause)
+            oldest, completed = self._runtime.progress_pass()
+            if self._waits is not None and oldest is not watched:
+                watched = oldest
+                if oldest is None:
+                    self._waits.pop(me, None)
+                else:  # a fresh tuple per handle: the watchdog times an object from when it first saw it
+                    self._waits[me] = tuple(oldest.op) if oldest.op is not None else ("async op", "?", 0, 0)
+            if oldest is not None and completed:
+                pause = MIN_PAUSE_S
+            elif oldest is not None or pause < MAX_PAUSE_S:
+                pause = min(2 * pause, MAX_PAUSE_S)  # nothing pending: linger ~2 ms before sleeping
+            else:
+                self._sleep_until_poked()
+                pause = MIN_PAUSE_S
+
+    def _sleep_until_poked(self):
+        self.idle = True
+        self._wake.clear()
+        if self._runtime.has_in_flight():  # issued between the last pass and `idle`: go on
+            self.idle = False
+            return
+        self._wake.wait()

@@ -1,0 +1,123 @@
+"""Async ops complete without being waited on: after issuing, the main thread only sleeps
+(no MPI or gloo call of its own), and each op's completion callback and result must arrive.
+
+    progress.py mcr BACKEND   the runtime's API on BACKEND (mpi or gloo): AVG all-reduce (its
+                              divide runs at completion), all_gather (copy-out), list all_to_all
+                              and isend/irecv, each with distinct data per rank and call
+    progress.py torch         torch.distributed on backend "mcr": `work.get_future()` of async
+                              all-reduces (single and coalesced) completes on its own
+    progress.py hang          rank 0 issues an async all-reduce that rank 1 never joins; the
+                              job must end naming it (the watchdog learns of it from the thread)
+"""
+
+import sys
+import threading
+import time
+
+import torch
+
+import mcr
+
+TIMEOUT_S = 30
+LATE_S = 2.0
+mode = sys.argv[1]
+
+
+def completes_alone(what, handle):
+    """Block in Python only (Event.wait drops the GIL and calls no library) until done."""
+    done = threading.Event()
+    handle.then(done.set)
+    if not done.wait(TIMEOUT_S):
+        raise SystemExit(f"rank {rank}: {what} did not complete within {TIMEOUT_S} s without a wait")
+
+
+def same(what, got, want):
+    if not torch.equal(got, want):
+        raise SystemExit(f"rank {rank}: {what} wrong:\n got {got}\nwant {want}")
+
+
+def mcr_ops(backend):
+    for k in range(5):
+        base = 1000.0 * k
+        x = torch.arange(12, dtype=torch.float32) + base + 100 * rank
+        avg = sum(torch.arange(12, dtype=torch.float32) + base + 100 * r for r in range(n)) / n
+        completes_alone("all_reduce AVG", mcr.all_reduce(x, mcr.ReduceOp.AVG, async_op=True, backend=backend))
+        same("all_reduce AVG", x, avg)
+
+        mine = torch.full((3,), base + rank)
+        outs = [torch.empty(3) for _ in range(n)]
+        completes_alone("all_gather", mcr.all_gather(outs, mine, async_op=True, backend=backend))
+        for r in range(n):
+            same(f"all_gather part {r}", outs[r], torch.full((3,), base + r))
+
+        ins = [torch.full((2,), base + 10 * rank + dst) for dst in range(n)]
+        outs = [torch.empty(2) for _ in range(n)]
+        completes_alone("all_to_all", mcr.all_to_all(outs, ins, async_op=True, backend=backend))
+        for src in range(n):
+            same(f"all_to_all from {src}", outs[src], torch.full((2,), base + 10 * src + rank))
+
+        sent = torch.arange(5, dtype=torch.float32) + base + rank
+        got = torch.empty(5)
+        send = mcr.isend(sent, (rank + 1) % n, backend=backend)
+        recv = mcr.irecv(got, (rank - 1) % n, backend=backend)
+        if backend == "gloo":  # gloo marks its send/recv done only in wait(): the README says so
+            send.wait()
+            recv.wait()
+        else:
+            completes_alone("isend", send)
+            completes_alone("irecv", recv)
+        same("irecv", got, torch.arange(5, dtype=torch.float32) + base + (rank - 1) % n)
+    return 4 * 5
+
+
+def torch_futures():
+    import torch.distributed as dist
+
+    count = 0
+    for k in range(5):
+        x = torch.arange(8, dtype=torch.float32) + 1000 * k + 100 * rank
+        want = sum(torch.arange(8, dtype=torch.float32) + 1000 * k + 100 * r for r in range(n))
+        if k == 0 and rank > 0:
+            time.sleep(LATE_S)  # rank 0's first all-reduce cannot complete before the others join
+        started = time.monotonic()
+        fut = dist.all_reduce(x, async_op=True).get_future()
+        if k == 0 and rank == 0 and (time.monotonic() - started > LATE_S / 2 or fut.done()):
+            raise SystemExit("rank 0: get_future() waited for the op instead of returning a pending future")
+        ts = [torch.full((k + 1,), float(rank + j)) for j in range(3)]
+        fut_coalesced = dist.all_reduce_coalesced(ts, async_op=True)  # torch hands back the Work's future
+        deadline = time.monotonic() + TIMEOUT_S
+        while not (fut.done() and fut_coalesced.done()):  # polls the futures only; no wait of ours
+            if time.monotonic() > deadline:
+                raise SystemExit(f"rank {rank}: a dist.Work future did not complete without a wait")
+            time.sleep(0.001)
+        same("future value", fut.value()[0], want)
+        for j, t in enumerate(fut_coalesced.value()):
+            same(f"coalesced {j}", t, torch.full((k + 1,), float(sum(r + j for r in range(n)))))
+        count += 2
+    return count
+
+
+if mode == "torch":
+    import torch.distributed as dist
+
+    from mcr.hooks.torch_backend import init_process_group
+
+    init_process_group()
+    rank, n = dist.get_rank(), dist.get_world_size()
+    checks = torch_futures()
+    print(f"rank {rank}: progress OK {checks} checks via torch", flush=True)
+    dist.destroy_process_group()
+elif mode == "hang":
+    mcr.init()
+    rank, n = mcr.get_rank(), mcr.get_world_size()
+    if rank == 0:
+        handle = mcr.all_reduce(torch.ones(4), async_op=True, backend="mpi")
+        print("rank 0: issued an all_reduce rank 1 never joins", flush=True)
+    time.sleep(120)  # rank 0's watchdog must end the job long before
+    print(f"rank {rank}: still here after 120 s", flush=True)
+else:
+    mcr.init()
+    rank, n = mcr.get_rank(), mcr.get_world_size()
+    checks = mcr_ops(mode)
+    print(f"rank {rank}: progress OK {checks} checks via mcr on {mode}", flush=True)
+    mcr.finalize()

@@ -1,0 +1,35 @@
+"""Async ops complete on their own (the progress thread, `mcr.progress`): the caller only
+sleeps after issuing, and each op's completion callback, post-steps and result arrive; through
+torch, `Work.get_future()` returns at once and its future completes later. Each of these fails
+with MCR_PROGRESS_THREAD=0 (nothing moves MPI, runs the post-steps or sets the future)."""
+
+import os
+import re
+
+import pytest
+
+from tests.ranks import run_script
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "progress.py")
+
+
+@pytest.mark.parametrize("backend", ["mpi", "gloo"])
+def test_async_ops_complete_without_a_wait(backend):
+    out = run_script(2, SCRIPT, backend).check().output
+    found = re.findall(rf"rank (\d+): progress OK (\d+) checks via mcr on {backend}", out)
+    assert sorted(found) == [("0", "20"), ("1", "20")], out[-3000:]
+
+
+def test_dist_work_future_completes_on_its_own():
+    out = run_script(2, SCRIPT, "torch").check().output
+    assert sorted(re.findall(r"rank (\d+): progress OK (\d+) checks via torch", out)) == [("0", "10"), ("1", "10")]
+
+
+def test_async_op_that_never_completes_is_named_by_the_watchdog():
+    """Nobody waits on it (as when DDP waits on a future from C++): the thread reports it."""
+    result = run_script(2, SCRIPT, "hang", env={"MCR_WATCHDOG_TIMEOUT": "3"}, timeout=100)
+    assert result.returncode != 0, result.output[-3000:]
+    assert "rank 0 has waited" in result.output and "in all_reduce on backend mpi (16 bytes" in result.output, (
+        result.output[-3000:]
+    )
+    assert "still here" not in result.output
