@@ -20,6 +20,12 @@ def test_async_ops_complete_without_a_wait(backend):
     assert sorted(found) == [("0", "20"), ("1", "20")], out[-3000:]
 
 
+def test_large_async_collectives_on_the_mpi_worker_mix_with_small_and_blocking_ones():
+    out = run_script(2, SCRIPT, "mixed").check().output
+    found = re.findall(r"rank (\d+): progress OK (\d+) checks via mcr on mixed", out)
+    assert sorted(found) == [("0", "30"), ("1", "30")], out[-3000:]
+
+
 def test_dist_work_future_completes_on_its_own():
     out = run_script(2, SCRIPT, "torch").check().output
     assert sorted(re.findall(r"rank (\d+): progress OK (\d+) checks via torch", out)) == [("0", "10"), ("1", "10")]

@@ -6,6 +6,9 @@
                               and isend/irecv, each with distinct data per rank and call
     progress.py torch         torch.distributed on backend "mcr": `work.get_future()` of async
                               all-reduces (single and coalesced) completes on its own
+    progress.py mixed         on MPI: large async all-reduces, all-gathers and reduce-scatters
+                              (run on the backend's worker thread) interleaved with small async
+                              and blocking all-reduces on the same group, results compared whole
     progress.py hang          rank 0 issues an async all-reduce that rank 1 never joins; the
                               job must end naming it (the watchdog learns of it from the thread)
 """
@@ -70,6 +73,46 @@ def mcr_ops(backend):
     return 4 * 5
 
 
+def mixed_sizes():
+    """Large async ops go to the MPI worker (its own communicator), small ones to MPI's
+    nonblocking calls, blocking ones run at once: every result must match its own reference."""
+    big = 3 << 17  # 1.5 MiB of float32 (above the worker's threshold), divisible by 2, 3 and 4 ranks
+    checks = 0
+    for k in range(6):
+        large = torch.arange(big, dtype=torch.float32) * (k + 1) + rank
+        small = torch.full((4,), 10.0 * k + rank)
+        now = torch.full((3,), 100.0 * k + rank)
+        gathered = torch.empty(n * big // 4)
+        part = torch.arange(big // 4, dtype=torch.float32) + 1000 * rank + k
+        scattered = torch.empty(big // n)
+        to_scatter = torch.arange(big, dtype=torch.float32) + 7 * rank + k
+        handles = [mcr.all_reduce(large, async_op=True, backend="mpi")]
+        if rank == 0:  # ranks reach the next call at different times relative to their workers
+            time.sleep(0.02)
+        handles += [
+            mcr.all_reduce(small, async_op=True, backend="mpi"),
+            mcr.all_gather_into_tensor(gathered, part, async_op=True, backend="mpi"),
+        ]
+        mcr.all_reduce(now, backend="mpi")  # blocking, issued after the async ones
+        handles.append(mcr.reduce_scatter_tensor(scattered, to_scatter, async_op=True, backend="mpi"))
+        if k % 2:
+            for h in handles:
+                h.wait()
+        else:
+            for i, h in enumerate(handles):
+                completes_alone(f"mixed op {i}", h)
+        ranks = range(n)
+        same("large all_reduce", large, sum(torch.arange(big, dtype=torch.float32) * (k + 1) + r for r in ranks))
+        same("small all_reduce", small, sum(torch.full((4,), 10.0 * k + r) for r in ranks))
+        same("blocking all_reduce", now, sum(torch.full((3,), 100.0 * k + r) for r in ranks))
+        want = torch.cat([torch.arange(big // 4, dtype=torch.float32) + 1000 * r + k for r in ranks])
+        same("large all_gather", gathered, want)
+        total = sum(torch.arange(big, dtype=torch.float32) + 7 * r + k for r in ranks)
+        same("large reduce_scatter", scattered, total.view(n, -1)[rank])
+        checks += 5
+    return checks
+
+
 def torch_futures():
     import torch.distributed as dist
 
@@ -118,6 +161,6 @@ elif mode == "hang":
 else:
     mcr.init()
     rank, n = mcr.get_rank(), mcr.get_world_size()
-    checks = mcr_ops(mode)
+    checks = mixed_sizes() if mode == "mixed" else mcr_ops(mode)
     print(f"rank {rank}: progress OK {checks} checks via mcr on {mode}", flush=True)
     mcr.finalize()

@@ -1,0 +1,62 @@
+"""Large async MPI collectives run as blocking calls on one worker thread.
+
+Open MPI's nonblocking collectives (libnbc) are much slower than its blocking ones on large
+messages and advance only when someone tests them: a 4 MiB float32 all-reduce on 2 ranks took
+6-7.6 ms as Iallreduce (0.63 ms as Allreduce), so DDP's bucket all-reduces on MPI ran 10x
+slower than they need to. The worker runs each queued op's blocking call in issue order (the
+order every rank issues them in), on the group's twin communicator, so its collectives never
+share a matching order with the caller's own on the group's communicator; mpi4py releases the
+GIL inside the call. The handle completes, post-steps included, on the worker when the op ends.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+
+from ..handle import Handle
+
+
+class CollectiveWorker:
+    def __init__(self):
+        self._queue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name="mcr-mpi-worker", daemon=True)
+        self._thread.start()
+
+    def submit(self, comm, call, keep) -> Handle:
+        """Queue `call(comm)` (a blocking MPI collective on `comm`); returns its handle."""
+        done, failed = threading.Event(), []
+
+        def wait():
+            done.wait()
+            if failed:
+                raise failed[0]
+
+        def test():
+            if not done.is_set():
+                return False
+            if failed:
+                raise failed[0]
+            return True
+
+        handle = Handle(wait, test, keep)
+        self._queue.put((comm, call, done, failed, handle))
+        return handle
+
+    def stop(self):
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+
+    def _run(self):
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            comm, call, done, failed, handle = item
+            try:
+                call(comm)
+            except Exception as exc:  # raised to the caller by wait() (under its watchdog)
+                failed.append(exc)
+            done.set()
+            if not failed:
+                handle.is_completed()  # post-steps and futures here, not at the next poll
