@@ -355,7 +355,7 @@ class MPIBackend(Backend):
         and receives on the group's twin communicator: packing the lists into one buffer and out
         again made this 4-10x slower than all_to_all_single (a new buffer costs page faults too)."""
         twin, me, n = self._twins[id(g)], g.Get_rank(), len(output_list)
-        output_list[me].view(-1).copy_(input_list[me].view(-1))
+        _copy_own_block(output_list[me], input_list[me])
         if not async_op:  # pairwise exchange, as MPI's own all-to-all does it
             for step in range(1, n):
                 to, frm = (me + step) % n, (me - step) % n
@@ -385,6 +385,15 @@ class MPIBackend(Backend):
         if async_op:
             return from_mpi_request(g.Ibarrier())
         g.Barrier()
+
+
+def _copy_own_block(out, inp):
+    """The block a rank sends itself (`mcr.all_to_all` checked the sizes match). On the CPU by
+    memmove: torch's copy_ costs ~4-6 µs a call, most of a small list all-to-all's time."""
+    if out.is_cuda or inp.is_cuda:
+        out.view(-1).copy_(inp.view(-1))
+    else:
+        ctypes.memmove(out.data_ptr(), inp.data_ptr(), inp.nbytes)
 
 
 def _offsets(sizes):

@@ -106,6 +106,11 @@ expect_error(
     rf"mcr.all_to_all: input_tensor_list has {n + 1} tensors but the group has {n} ranks",
     lambda: mcr.all_to_all([torch.empty(2)] * n, long),
 )
+mismatched = [torch.empty(3 if peer == rank else 2) for peer in range(n)]
+expect_error(
+    rf"mcr.all_to_all: rank {rank} sends itself 2 elements but receives 3",
+    lambda: mcr.all_to_all(mismatched, [torch.ones(2)] * n),
+)
 if rank == 0:  # the root checks its list; a non-root would go on to communicate
     expect_error(rf"mcr.gather: gather_list has {n + 1} tensors", lambda: mcr.gather(t, long, dst=0))
     expect_error(rf"mcr.scatter: scatter_list has {n - 1} tensors", lambda: mcr.scatter(t, short, src=0))
