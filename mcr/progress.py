@@ -35,6 +35,7 @@ class ProgressThread:
         self._wake = threading.Event()
         self.idle = True  # read by the issuing thread: only an idle thread needs waking
         self._stopped = False
+        self._seen = set()  # ids of the ops pending at the last pass
         self._thread = threading.Thread(target=self._loop, name="mcr-progress", daemon=True)
         self._thread.start()
 
@@ -66,7 +67,7 @@ class ProgressThread:
             # Sleep first: a caller that waits on its op soon completes it itself, and a thread
             # that stays awake through a train of ops is not woken (a context switch) per op.
             time.sleep(pause)
-            oldest, completed = self._runtime.progress_pass()
+            oldest, completed = self._pass()
             if self._waits is not None and oldest is not watched:
                 watched = oldest
                 if oldest is None:
@@ -80,6 +81,26 @@ class ProgressThread:
             else:
                 self._sleep_until_poked()
                 pause = MIN_PAUSE_S
+
+    def _pass(self):
+        """Test, once and without blocking, each op that was already pending at the last pass
+        (an op its caller waits on right away is left to the caller: no lock contention).
+        Returns the oldest op still pending (None when none is) and whether any completed."""
+        oldest, completed, stale, seen = None, False, False, set()
+        for handle in self._runtime.in_flight_handles():
+            if handle._done:
+                stale = True
+            elif handle.completes_alone:  # gloo's send/recv complete only in their caller's wait
+                key = id(handle)
+                seen.add(key)
+                if key in self._seen and handle.is_completed():
+                    completed = True
+                elif oldest is None:
+                    oldest = handle
+        self._seen = seen
+        if completed or stale:
+            self._runtime.forget_completed()
+        return oldest, completed
 
     def _sleep_until_poked(self):
         self.idle = True

@@ -15,7 +15,8 @@ Why mixing backends cannot deadlock (the rule the code keeps):
      blocks on gloo or nccl (a blocking op, or a wait on a handle) while it has MPI ops in
      flight keeps calling MPI (a test of those requests, then a short sleep) until it can go
      on. Without this a peer waiting for such an MPI op would wait for a rank that waits for
-     it on gloo: tests/mcr/scripts/cross_progress.py deadlocked that way.
+     it on gloo: tests/mcr/scripts/cross_progress.py deadlocked that way. (The progress thread,
+     `mcr.progress`, tests them too; the rule holds with it turned off.)
   Hence if every rank issues the same sequence, by induction the first incomplete op has been
   reached by every rank on the same backend, with all earlier ops on that backend posted
   before it, and completes. tests/mcr/test_robustness.py checks this with random interleavings (scripts/stress.py).
@@ -483,24 +484,9 @@ class Runtime:
         if progress is not None and progress.idle:
             progress.poke()
 
-    def progress_pass(self):
-        """Test every in-flight op once, without blocking (the progress thread's step). Returns
-        the oldest op still pending (None when all are done) and whether any completed now."""
+    def in_flight_handles(self) -> list:
         with self._in_flight_lock:
-            pending = [entry[1] for entry in self._in_flight]
-        oldest, completed, stale = None, False, False
-        for handle in pending:
-            if handle._done:
-                stale = True
-            elif not handle.completes_alone:
-                continue  # its caller's wait completes it; the thread neither polls nor watches it
-            elif handle.is_completed():
-                completed = True
-            elif oldest is None:
-                oldest = handle
-        if completed or stale:
-            self._forget_completed()
-        return oldest, completed
+            return [entry[1] for entry in self._in_flight]
 
     def has_in_flight(self) -> bool:
         with self._in_flight_lock:
@@ -517,9 +503,9 @@ class Runtime:
             return
         for handle in earlier:
             handle.wait()
-        self._forget_completed()
+        self.forget_completed()
 
-    def _forget_completed(self):
+    def forget_completed(self):
         with self._in_flight_lock:
             kept = [entry for entry in self._in_flight if not entry[1]._done]
             self._in_flight.clear()
@@ -532,7 +518,7 @@ class Runtime:
                 pending = list(self._in_flight)
             for _, handle in pending:
                 handle.wait()
-            self._forget_completed()
+            self.forget_completed()
 
     def _watched(self, handle, op, group, started, logged=True):
         inner_wait, inner_test = handle._wait, handle._test
