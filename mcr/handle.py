@@ -5,8 +5,9 @@ the buffers of a nonblocking call (Iallreduce with IN_PLACE, Ireduce_scatter_blo
 temporary freed early would make the result garbage. The runtime holds every handle until its
 op completes (`Runtime.hold`), so a caller may drop it.
 
-Two threads may complete a handle: the caller (wait, is_completed) and the runtime's progress
-thread (`mcr.progress`). A lock lets one of them test or wait on the request at a time (MPI
+Several threads may complete a handle: the caller (wait, is_completed), the runtime's progress
+thread (`mcr.progress`) and the MPI backend's worker (`mpi_worker`). A lock lets one of them test
+or wait on the request at a time (MPI
 forbids two threads completing one request) and runs the finishers exactly once; `_done` is
 set only after they ran, so a thread that sees it set sees their results.
 """

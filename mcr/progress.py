@@ -11,7 +11,10 @@ while nothing is in flight, and while ops are pending it polls with a pause that
 MIN_PAUSE_S to MAX_PAUSE_S between tests (back to the minimum when one completes). Each poll
 costs a few microseconds of one core (mpi4py releases the GIL inside MPI calls); a train of
 async ops that their caller waits on costs under 1 µs each more than without the thread
-(4-byte async all-reduce and wait on MPI, 1 rank: 6.2-6.3 µs without, 6.9-7.3 µs with).
+(4-byte async all-reduce and wait on MPI, 1 rank: 6.2-6.3 µs without, 6.9-7.3 µs with). Calls
+through torch's C++ trampoline pay more on a small VM, where any thread that wakes every
+millisecond slows GIL hand-offs: an async `ProcessGroup.allreduce` + wait went from 11-12 µs to
+17-32 µs (a thread that only sleeps does the same); MCR_PROGRESS_THREAD=0 avoids it.
 
 It also tells the watchdog about the oldest pending op, so an async op that never completes
 (a dead or diverged peer) ends the job naming it, even when the caller waits on a future from
@@ -26,6 +29,16 @@ import time
 
 MIN_PAUSE_S = 50e-6
 MAX_PAUSE_S = 1e-3
+
+
+def _completed(handle) -> bool:
+    """`handle.is_completed()`, with a failure naming the op (no caller's wait will name it)."""
+    try:
+        return handle.is_completed()
+    except Exception as exc:
+        op = handle.op
+        what = f"{op[0]} on backend {op[1]} ({op[2]} bytes, group of {op[3]} ranks)" if op else "an async op"
+        raise RuntimeError(f"{what} failed: {exc}") from exc
 
 
 class ProgressThread:
@@ -55,7 +68,7 @@ class ProgressThread:
             self._poll_while_pending()
         except Exception as exc:  # an op failed where no caller will see it: end the job, named
             rt = self._runtime
-            sys.stderr.write(f"mcr: rank {rt.rank}: an async op failed in the progress thread: {exc}\n")
+            sys.stderr.write(f"mcr: rank {rt.rank}: {exc} (seen by the progress thread); aborting the job\n")
             sys.stderr.flush()
             rt.abort_job()
 
@@ -93,7 +106,7 @@ class ProgressThread:
             elif handle.completes_alone:  # gloo's send/recv complete only in their caller's wait
                 key = id(handle)
                 seen.add(key)
-                if key in self._seen and handle.is_completed():
+                if key in self._seen and _completed(handle):
                     completed = True
                 elif oldest is None:
                     oldest = handle

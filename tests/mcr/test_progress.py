@@ -39,3 +39,20 @@ def test_async_op_that_never_completes_is_named_by_the_watchdog():
         result.output[-3000:]
     )
     assert "still here" not in result.output
+
+
+def test_an_op_failing_where_nobody_waits_is_named():
+    """The progress thread aborts the job with this message: no caller's wait would name the op."""
+    from mcr.handle import Handle
+    from mcr.progress import _completed
+    from mcr.runtime import OpCall
+
+    def test():
+        raise OSError("peer gone")
+
+    handle = Handle(wait=None, test=test)
+    handle.op = OpCall("all_reduce", "mpi", 16, 2)
+    with pytest.raises(
+        RuntimeError, match=r"all_reduce on backend mpi \(16 bytes, group of 2 ranks\) failed: peer gone"
+    ):
+        _completed(handle)
