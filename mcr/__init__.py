@@ -1,6 +1,11 @@
 """mcr: a mix-and-match communication runtime. `import mcr as dist` mirrors torch.distributed;
 every op also takes `backend=` and otherwise picks its backend per call (see README)."""
 
+from . import hugepages
+
+hugepages.request()  # before anything below imports torch and it allocates: torch reads it once
+
+
 from .api import (
     all_gather,
     all_gather_into_tensor,

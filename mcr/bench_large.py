@@ -6,6 +6,8 @@ Per size (float32, 2+ ranks), the slowest rank's median of:
   floor       every rank copies the message once (np.copyto), all at the same time: the memory
               bandwidth an all-reduce shares with its peers on one node (a bound no way beats)
   raw-mpi     mpi4py's Allreduce, the library alone
+  raw-mpi/1M  the same in chunks of 1 MiB, called in a loop (what the runtime adds to it shows as
+              the gap to mpi/chunk=1M)
   mpi/chunk=C the runtime's all-reduce in chunks of C (the tuning table's candidates)
   rs+ag       reduce_scatter_tensor then all_gather_into_tensor on MPI (the composition that moves
               the fewest bytes), whole and in chunks of 1M per rank
@@ -41,6 +43,7 @@ def ways(nbytes, chunks):
     part = torch.empty(numel // n)
     MPI = mpi.MPI  # noqa: N806 (the library's name)
     buf = mpi._typed(x)
+    raw_chunks = [mpi._typed(p) for p in x.split(1 << 18)]
 
     def rs_ag(per_rank_chunk=0):
         step = per_rank_chunk // 4 if per_rank_chunk else numel // n
@@ -57,6 +60,7 @@ def ways(nbytes, chunks):
     out = {
         "floor": lambda: np.copyto(dst, src),
         "raw-mpi": lambda: comm.Allreduce(MPI.IN_PLACE, buf, MPI.SUM),
+        "raw-mpi/1M": lambda: [comm.Allreduce(MPI.IN_PLACE, b, MPI.SUM) for b in raw_chunks],
     }
     for c in chunks:
         size = parse_bytes(c)

@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 
 from . import env as launch_env
+from . import hugepages
 from .backends.base import Backend, BackendUnavailable
 from .backends.mpi import MPIBackend
 from .backends.torch_dist import GlooBackend, NcclBackend
@@ -121,6 +122,7 @@ class Runtime:
         if self.world_size > 1:
             self._abort_job_on_uncaught_exception()
         if self.rank == 0:
+            self._check_huge_pages()
             have = ", ".join(f"{n} ({b.version()})" for n, b in self.backends.items())
             missing = "; ".join(f"{n}: {why}" for n, why in self.unavailable.items())
             log.info(
@@ -132,6 +134,16 @@ class Runtime:
             )
 
     # --- start-up ------------------------------------------------------------------------------
+    def _check_huge_pages(self):
+        """MPI's large transfers need huge pages (`mcr.hugepages`); say so when torch gave none."""
+        if "mpi" in self.backends and hugepages.torch_uses_them() is False:
+            log.warning(
+                "mcr: large CPU tensors are on 4 KiB pages (torch allocated before mcr was imported, or %s=0), "
+                "so MPI's large transfers run up to 2x slower; import mcr first or export %s=1",
+                hugepages.ENV,
+                hugepages.ENV,
+            )
+
     def _try(self, name, wanted, make):
         if name not in wanted:
             self.unavailable[name] = "not in the configured backends list"

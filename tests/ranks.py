@@ -29,7 +29,8 @@ class Result:
 # Variables through which a launcher or scheduler tells a process its rank, or the user tells mcr
 # what to do. The children must get them from their own launcher only: inside a SLURM or
 # torchrun job, or a shell with MCR_* set, inherited values would give them the wrong rank or
-# config, and the runtime's own settings (e.g. OMPI_MCA_mpi_yield_when_idle) would go untested.
+# config, and the runtime's own settings (e.g. OMPI_MCA_mpi_yield_when_idle, huge pages) would go
+# untested.
 LAUNCHER_PREFIXES = (
     "OMPI_",
     "PMI_",
@@ -58,6 +59,7 @@ LAUNCHER_NAMES = {
     "MASTER_ADDR",
     "MASTER_PORT",
     "OMP_NUM_THREADS",
+    "THP_MEM_ALLOC_ENABLE",
 }
 
 
