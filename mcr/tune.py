@@ -160,9 +160,14 @@ def parse_args(argv):
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help="fraction a candidate must win by to take over")
     p.add_argument("--dtype", default="float32")
     p.add_argument(
-        "--add-to", default=None, help="a table of this world size to add these measurements to (e.g. --dtype bfloat16)"
+        "--add-to",
+        default=None,
+        help="a table of this world size to add these measurements to (e.g. --dtype bfloat16); rewritten in place "
+        "unless --out names another path",
     )
-    p.add_argument("--out", default=DEFAULT_OUT, help="table path; {host}, {world} and {rank} are filled in")
+    p.add_argument(
+        "--out", default=None, help=f"table path (default {DEFAULT_OUT}); {{host}}, {{world}}, {{rank}} are filled in"
+    )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots and the Markdown report")
     p.add_argument("--table", default=None, help="with --predict-world-size: the measured table to predict from")
     p.add_argument(
@@ -176,7 +181,7 @@ def predict_main(args) -> int:
     table = TuningTable.load(args.table)
     predicted = predict_table(table, args.predict_world_size, args.ranks_per_node, args.margin)
     print(summary(predicted, args.predict_world_size), flush=True)
-    if args.out != DEFAULT_OUT:
+    if args.out is not None:
         predicted.save(args.out.format(host=socket.gethostname(), world=args.predict_world_size, rank=0))
         print(f"\npredicted table written to {predicted.path}")
     return 0
@@ -190,6 +195,8 @@ def main(argv=None) -> int:
         return predict_main(args)
 
     add_to = TuningTable.load(args.add_to) if args.add_to else None  # refused before any rank starts
+    if args.out is None:
+        args.out = args.add_to or DEFAULT_OUT
     rt = api.init(tuning=None)  # measure the backends themselves, not a previous table's choice
     world, rank = rt.world_size, rt.rank
     if add_to is not None:

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 from mcr.tuning.table import TuningTable
 from tests.ranks import run_ranks, run_script
@@ -70,10 +71,12 @@ def test_tune_writes_an_identical_table_on_every_rank_and_the_runtime_follows_it
     followed = run_script(2, os.path.join(SCRIPTS, "follow_table.py"), 1, env=env).check().output
     assert followed.count("table followed") == 2, followed[-3000:]
 
-    # a bfloat16 sweep of all_reduce added to the measured table: its entries beside the others
+    # a bfloat16 sweep of all_reduce added to (a copy of) the measured table, which it rewrites:
+    # its entries beside the others
     bf16 = TUNE[:3] + ["all_reduce", "--max-bytes", "4K"] + TUNE[8:] + ["--dtype", "bfloat16", "--no-plots"]
     added = tmp_path / "added.yaml"
-    run_ranks(2, bf16 + ["--add-to", str(tmp_path / "table-0.yaml"), "--out", str(added)]).check()
+    shutil.copy(tmp_path / "table-0.yaml", added)
+    run_ranks(2, bf16 + ["--add-to", str(added)]).check()
     merged, measured = TuningTable.load(str(added)), TuningTable.load(str(tmp_path / "table-0.yaml"))
     assert [(c.op, c.dtype) for c in merged.curves] == [(c.op, c.dtype) for c in measured.curves] + [
         ("all_reduce", "bfloat16")
