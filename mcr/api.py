@@ -290,36 +290,38 @@ def _check_splits(which, tensor, splits, group_size):
         )
 
 
+def _block_sizes(tensors, dtype):
+    """(bytes, whether block sizes differ) when every block is a contiguous tensor of this dtype,
+    else None. One pass: list all_to_all runs it per call, and MoE and TorchRec send small blocks
+    often."""
+    numel = tensors[0].numel() if isinstance(tensors[0], torch.Tensor) else -1
+    nbytes, uneven = 0, False
+    for t in tensors:
+        if not isinstance(t, torch.Tensor) or t.dtype is not dtype or not t.is_contiguous():
+            return None
+        nbytes += t.nbytes
+        uneven = uneven or t.numel() != numel
+    return nbytes, uneven
+
+
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, backend=None):
     rt, g = _start(group)
     _list_len("all_to_all", "output_tensor_list", output_tensor_list, g.size)
     _list_len("all_to_all", "input_tensor_list", input_tensor_list, g.size)
-    # One pass over the tensors (it runs per call: MoE and TorchRec send small blocks often);
-    # the full checks, which name the problem, run only when this pass finds one.
-    dtype, in_numel, out_numel = input_tensor_list[0].dtype, input_tensor_list[0].numel(), output_tensor_list[0].numel()
-    nbytes, uneven = 0, False
-    for t in input_tensor_list:
-        if type(t) is not torch.Tensor or t.dtype is not dtype or not t.is_contiguous():
-            break
-        nbytes += t.nbytes  # the input
-        uneven = uneven or t.numel() != in_numel
-    else:
-        for t in output_tensor_list:
-            if type(t) is not torch.Tensor or t.dtype is not dtype or not t.is_contiguous():
-                break
-            uneven = uneven or t.numel() != out_numel
-        else:
-            dtype = None  # all fine
-    if dtype is not None:
+    first = input_tensor_list[0]
+    dtype = first.dtype if isinstance(first, torch.Tensor) else None
+    sent, received = _block_sizes(input_tensor_list, dtype), _block_sizes(output_tensor_list, dtype)
+    if sent is None or received is None:  # these refuse, by name, whatever _block_sizes would not size
         _check("all_to_all", *output_tensor_list, *input_tensor_list)
-        _same_dtype("all_to_all", input_tensor_list[0], [*input_tensor_list, *output_tensor_list])
+        _same_dtype("all_to_all", first, [*input_tensor_list, *output_tensor_list])
+    (nbytes, uneven_in), (_, uneven_out) = sent, received
     own_out, own_in = output_tensor_list[g.rank], input_tensor_list[g.rank]  # rank -1 (no member): refused later
     if own_out.numel() != own_in.numel() and g.rank >= 0:
         raise ValueError(
             f"mcr.all_to_all: rank {g.rank} sends itself {own_in.numel()} elements but receives {own_out.numel()}; "
             "the input and output tensors at a rank's own index must be the same size"
         )
-    if uneven:
+    if uneven_in or uneven_out:
         nbytes = rt.agreed_bytes("all_to_all", g, nbytes)  # local sizes differ by rank
     args = (output_tensor_list, input_tensor_list)
     return rt.call("all_to_all", "all_to_all", nbytes, g, input_tensor_list[0], backend, async_op, args)

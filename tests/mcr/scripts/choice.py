@@ -7,6 +7,7 @@ import sys
 import torch
 
 import mcr
+from mcr.commlog import CommLog
 from mcr.tuning.table import Entry, TuningTable
 
 path = sys.argv[1]
@@ -60,5 +61,16 @@ mine = torch.tensor(choices, dtype=torch.int64)
 everyone = torch.empty(len(choices) * n, dtype=torch.int64)
 mcr.all_gather_into_tensor(everyone, mine)
 assert (everyone.view(n, -1) == mine).all()
+# list all_to_all of nn.Parameter blocks (a tensor subclass) is sized like plain tensors: 300
+# floats a block from every rank is above the table's 1 KiB line, so mpi, logged at its size
+rt.comm_log = CommLog()
+ins = [torch.nn.Parameter(torch.full((300,), 10.0 * rank + j), requires_grad=False) for j in range(n)]
+outs = [torch.nn.Parameter(torch.empty(300), requires_grad=False) for _ in range(n)]
+mcr.all_to_all(outs, ins)
+for j, o in enumerate(outs):
+    assert torch.equal(o, torch.full((300,), 10.0 * j + rank)), (j, o[:3])
+rows = [(r["backend"], r["bytes"]) for r in rt.comm_log.rows() if r["op"] == "all_to_all"]
+assert rows == [(want, 300 * 4 * n)], rows
+
 print(f"rank {rank}: choice OK used {sorted(used)}", flush=True)
 mcr.finalize()
