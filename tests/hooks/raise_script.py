@@ -1,6 +1,8 @@
-"""Start torch.distributed on backend "mcr", then fail: the traceback must reach the output."""
+"""Start torch.distributed on backend "mcr", then fail: every rank's traceback must reach the output."""
+
+import torch.distributed as dist
 
 from mcr.hooks import torch_backend
 
 torch_backend.init_process_group()
-raise AssertionError("uncaught after init_process_group")
+raise AssertionError(f"rank {dist.get_rank()} uncaught after init_process_group")

@@ -52,6 +52,11 @@ def test_rank_disagreeing_with_the_launcher_is_a_clear_error():
 
 def test_uncaught_exception_after_init_process_group_prints_its_traceback():
     # torch's excepthook buffers stderr around the runtime's aborting one; nothing may be lost.
+    # Both ranks write to one pipe, so their tracebacks may interleave piece by piece (the
+    # exception's type and its message are separate writes): look for each piece.
     result = run_script(2, os.path.join(HERE, "raise_script.py"), launcher="torchrun", timeout=120)
     assert result.returncode != 0
-    assert "AssertionError: uncaught after init_process_group" in result.output, result.output[-3000:]
+    for rank in (0, 1):
+        assert f"rank {rank} uncaught after init_process_group" in result.output, result.output[-3000:]
+        assert f"rank {rank} ended with AssertionError" in result.output, result.output[-3000:]
+    assert result.output.count('raise_script.py", line 8, in <module>') == 2, result.output[-3000:]
