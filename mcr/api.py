@@ -290,38 +290,45 @@ def _check_splits(which, tensor, splits, group_size):
         )
 
 
-def _block_sizes(tensors, dtype):
-    """(bytes, whether block sizes differ) when every block is a contiguous tensor of this dtype,
-    else None. One pass: list all_to_all runs it per call, and MoE and TorchRec send small blocks
-    often."""
-    numel = tensors[0].numel() if isinstance(tensors[0], torch.Tensor) else -1
-    nbytes, uneven = 0, False
-    for t in tensors:
-        if not isinstance(t, torch.Tensor) or t.dtype is not dtype or not t.is_contiguous():
-            return None
-        nbytes += t.nbytes
-        uneven = uneven or t.numel() != numel
-    return nbytes, uneven
+def _all_to_all_sizes(inputs, outputs):
+    """(input bytes, whether block sizes differ). One pass when every block is a plain contiguous
+    tensor of one dtype (it runs per call: MoE and TorchRec send small blocks often); anything
+    else (a subclass such as nn.Parameter, or input the full checks refuse by name) is sized after
+    those checks."""
+    first, nbytes, uneven = inputs[0], 0, False
+    if type(first) is torch.Tensor and type(outputs[0]) is torch.Tensor:
+        dtype, in_numel, out_numel = first.dtype, first.numel(), outputs[0].numel()
+        for t in inputs:
+            if type(t) is not torch.Tensor or t.dtype is not dtype or not t.is_contiguous():
+                break
+            nbytes += t.nbytes
+            uneven = uneven or t.numel() != in_numel
+        else:
+            for t in outputs:
+                if type(t) is not torch.Tensor or t.dtype is not dtype or not t.is_contiguous():
+                    break
+                uneven = uneven or t.numel() != out_numel
+            else:
+                return nbytes, uneven
+    _check("all_to_all", *outputs, *inputs)
+    _same_dtype("all_to_all", first, [*inputs, *outputs])
+    in_numel, out_numel = first.numel(), outputs[0].numel()
+    uneven = any(t.numel() != in_numel for t in inputs) or any(t.numel() != out_numel for t in outputs)
+    return sum(t.nbytes for t in inputs), uneven
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, backend=None):
     rt, g = _start(group)
     _list_len("all_to_all", "output_tensor_list", output_tensor_list, g.size)
     _list_len("all_to_all", "input_tensor_list", input_tensor_list, g.size)
-    first = input_tensor_list[0]
-    dtype = first.dtype if isinstance(first, torch.Tensor) else None
-    sent, received = _block_sizes(input_tensor_list, dtype), _block_sizes(output_tensor_list, dtype)
-    if sent is None or received is None:  # these refuse, by name, whatever _block_sizes would not size
-        _check("all_to_all", *output_tensor_list, *input_tensor_list)
-        _same_dtype("all_to_all", first, [*input_tensor_list, *output_tensor_list])
-    (nbytes, uneven_in), (_, uneven_out) = sent, received
+    nbytes, uneven = _all_to_all_sizes(input_tensor_list, output_tensor_list)
     own_out, own_in = output_tensor_list[g.rank], input_tensor_list[g.rank]  # rank -1 (no member): refused later
     if own_out.numel() != own_in.numel() and g.rank >= 0:
         raise ValueError(
             f"mcr.all_to_all: rank {g.rank} sends itself {own_in.numel()} elements but receives {own_out.numel()}; "
             "the input and output tensors at a rank's own index must be the same size"
         )
-    if uneven_in or uneven_out:
+    if uneven:
         nbytes = rt.agreed_bytes("all_to_all", g, nbytes)  # local sizes differ by rank
     args = (output_tensor_list, input_tensor_list)
     return rt.call("all_to_all", "all_to_all", nbytes, g, input_tensor_list[0], backend, async_op, args)
