@@ -297,17 +297,19 @@ def _all_to_all_sizes(inputs, outputs):
     those checks."""
     first, nbytes, uneven = inputs[0], 0, False
     if type(first) is torch.Tensor and type(outputs[0]) is torch.Tensor:
-        dtype, in_numel, out_numel = first.dtype, first.numel(), outputs[0].numel()
+        # one dtype, so equal bytes mean equal sizes (nbytes is one attribute read cheaper than numel)
+        dtype, in_block, out_block = first.dtype, first.nbytes, outputs[0].nbytes
         for t in inputs:
             if type(t) is not torch.Tensor or t.dtype is not dtype or not t.is_contiguous():
                 break
-            nbytes += t.nbytes
-            uneven = uneven or t.numel() != in_numel
+            block = t.nbytes
+            nbytes += block
+            uneven = uneven or block != in_block
         else:
             for t in outputs:
                 if type(t) is not torch.Tensor or t.dtype is not dtype or not t.is_contiguous():
                     break
-                uneven = uneven or t.numel() != out_numel
+                uneven = uneven or t.nbytes != out_block
             else:
                 return nbytes, uneven
     _check("all_to_all", *outputs, *inputs)
