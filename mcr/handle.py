@@ -7,9 +7,9 @@ op completes (`Runtime.hold`), so a caller may drop it.
 
 Several threads may complete a handle: the caller (wait, is_completed), the runtime's progress
 thread (`mcr.progress`) and the MPI backend's worker (`mpi_worker`). A lock lets one of them test
-or wait on the request at a time (MPI
-forbids two threads completing one request) and runs the finishers exactly once; `_done` is
-set only after they ran, so a thread that sees it set sees their results.
+or wait on the request at a time (MPI forbids two threads completing one request) and runs the
+finishers exactly once; `_done` is set only after they ran, so a thread that sees it set sees
+their results.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def huge_bytes(tensor) -> int:
 def torch_uses_them() -> bool | None:
     """Whether a fresh 8 MiB torch tensor lands on huge pages; None where this cannot be told
     (no THP in the kernel, no /proc)."""
-    import torch
+    import torch  # here, not at the top: `mcr/__init__` imports this module before anything imports torch
 
     if system_mode() in ("never", "unknown"):
         return None
