@@ -19,6 +19,7 @@ from tests.ranks import REPO, clean_env, run_ranks
 
 TINY = os.path.join(REPO, "configs", "moe", "tiny.yaml")
 STOCK_DEEPSPEED = os.path.join(REPO, "tests", "apps", "moe_stock_deepspeed_script.py")
+SLOW_RANK0 = os.path.join(REPO, "tests", "apps", "slow_rank0_script.py")
 # Backend choices: each goes through the mcr runtime (mcr.hooks.deepspeed).
 BACKENDS = {
     "gloo": "comm.backend=gloo",
@@ -169,8 +170,10 @@ def test_bad_config_fails_before_any_process_group(override, message):
     assert ds_comm.cdb is None
 
 
-def test_bad_config_under_mpiexec_exits_with_one_message():
-    result = run_ranks(2, ["-m", "apps.moe", "--config", TINY, "train.zero_stage=4"], timeout=120)
+def test_bad_config_under_mpiexec_exits_with_one_message_when_rank_0_is_last_to_fail():
+    # rank 0 reaches the error 3 s after rank 1: rank 1's exit must not get it killed before it says why
+    args = [SLOW_RANK0, "3", "apps.moe", "--config", TINY, "train.zero_stage=4"]
+    result = run_ranks(2, args, timeout=120)
     assert result.returncode != 0
     assert (
         result.output.count("config error: bad value 4 for config key 'train.zero_stage'; choose one of 0, 1, 2") == 1
