@@ -99,6 +99,7 @@ class Runtime:
         self._try("nccl", wanted, lambda: NcclBackend(self.store, info.rank, info.world_size, cfg.watchdog_timeout_s))
 
         self._next_gid = 0
+        self._groups = []  # every group holding backend communicators: finalize() releases them
         self.world = self.new_group(range(info.world_size))
         self.table = self._online_tuner(cfg) if cfg.tuning == "auto" else table
         self.comm_log = CommLog() if cfg.comm_log else None
@@ -252,6 +253,11 @@ class Runtime:
             comm = backend.new_group(group.gid, ranks, group.rank)
             if comm is not None:
                 group.comms[name] = comm
+        return self.keep_group(group)
+
+    def keep_group(self, group: Group) -> Group:
+        """Remember a group whose communicators this runtime made, so finalize() releases them."""
+        self._groups.append(group)
         return group
 
     def _call_checker(self, cfg):
@@ -587,3 +593,10 @@ class Runtime:
             self.watchdog.stop()
         for backend in self.backends.values():
             backend.shutdown()
+        # Destroy gloo/NCCL groups now, while Python runs: left to interpreter exit (the caller may
+        # still hold this runtime), their worker threads end after the interpreter is gone, and one
+        # that then needs the GIL aborts the process ("terminate called without an active
+        # exception", seen once in CI under torchrun). torch's destroy_process_group does the same.
+        for group in self._groups:
+            group.comms.clear()
+        self._groups.clear()

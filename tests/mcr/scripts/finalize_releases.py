@@ -1,0 +1,60 @@
+"""After finalize, no gloo thread of the runtime's groups is left, though the caller still holds
+the runtime: the groups are destroyed while Python runs, not at interpreter exit (where a gloo
+thread that needs the GIL aborts the process).
+
+    finalize_releases.py VIA     VIA: mcr (mcr.init/finalize) | torch (backend "mcr":
+                                 init_process_group/new_group/destroy_process_group)
+"""
+
+import os
+import sys
+
+import torch
+
+import mcr
+
+GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")  # gloo's worker and transport threads
+
+
+def gloo_threads():
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/comm") as f:
+            names.append(f.read().strip())
+    return [name for name in names if name in GLOO_THREADS]
+
+
+via = sys.argv[1]
+if via == "torch":
+    import torch.distributed as dist
+
+    from mcr.hooks.torch_backend import init_process_group
+
+    init_process_group(backend="gloo")
+    runtime = mcr.api.runtime()
+    rank, n = dist.get_rank(), dist.get_world_size()
+    sub = dist.new_group(list(range(n)))
+    x = torch.full((8,), float(rank + 1))
+    dist.all_reduce(x, group=sub, async_op=True).wait()
+    dist.all_reduce(x)
+else:
+    runtime = mcr.init(backend="gloo")
+    rank, n = mcr.get_rank(), mcr.get_world_size()
+    sub = mcr.new_group(list(range(n)))
+    x = torch.full((8,), float(rank + 1))
+    mcr.all_reduce(x, group=sub, async_op=True).wait()
+    mcr.all_reduce(x)
+total = sum(range(1, n + 1))
+assert torch.equal(x, torch.full((8,), float(total * n))), x
+assert gloo_threads(), "the test needs gloo groups to have started their threads"
+
+if via == "torch":
+    # a torch group the caller still holds keeps its gloo backend (registered with torch) until it
+    # is dropped, as torch's own gloo groups do; torch's references go with destroy_process_group
+    del sub
+    dist.destroy_process_group()
+else:
+    mcr.finalize()
+left = gloo_threads()
+assert not left, f"rank {rank}: gloo threads left after finalize: {left} (runtime still held: {runtime is not None})"
+print(f"rank {rank}: finalize released every gloo group via {via}", flush=True)
