@@ -99,7 +99,9 @@ class Runtime:
         self._try("nccl", wanted, lambda: NcclBackend(self.store, info.rank, info.world_size, cfg.watchdog_timeout_s))
 
         self._next_gid = 0
-        self._groups = []  # every group holding backend communicators: finalize() releases them
+        # every group this runtime made communicators for: finalize() releases them (the torch
+        # hook's groups are held by torch's ProcessGroup, which frees them with destroy_process_group)
+        self._groups = []
         self.world = self.new_group(range(info.world_size))
         self.table = self._online_tuner(cfg) if cfg.tuning == "auto" else table
         self.comm_log = CommLog() if cfg.comm_log else None
@@ -253,10 +255,6 @@ class Runtime:
             comm = backend.new_group(group.gid, ranks, group.rank)
             if comm is not None:
                 group.comms[name] = comm
-        return self.keep_group(group)
-
-    def keep_group(self, group: Group) -> Group:
-        """Remember a group whose communicators this runtime made, so finalize() releases them."""
         self._groups.append(group)
         return group
 

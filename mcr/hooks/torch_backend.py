@@ -278,7 +278,7 @@ def _member_group(rt, name: str, ranks) -> Group:
             comm = backend.new_group(f"torch/{name}", list(ranks), group.rank)
             if comm is not None:
                 group.comms[backend_name] = comm
-    return rt.keep_group(group)
+    return group
 
 
 def _create(opts, pg_options):
