@@ -33,6 +33,7 @@ from .api import (
     runtime,
     scatter,
     send,
+    source_rank,
 )
 from .config import ConfigError, RuntimeConfig
 from .group import Group

@@ -39,15 +39,16 @@ def _op_name(op) -> str:
 
 
 # --- lifecycle ---------------------------------------------------------------------------------
-def init(config=None, store=None, **kwargs) -> Runtime:
+def init(config=None, store=None, info=None, **kwargs) -> Runtime:
     """Start the runtime on every rank. `config`: RuntimeConfig, dict or omegaconf node;
-    keyword arguments override single fields (e.g. `comm_log=True`)."""
+    keyword arguments override single fields (e.g. `comm_log=True`). `store` and `info` (the
+    rank's place, `mcr.env.LaunchInfo`) are for the torch hook; by default the launcher's."""
     global _runtime
     if _runtime is not None:
         raise RuntimeError("mcr.init() was already called; call mcr.finalize() first")
     cfg = config_mod.load(config, **kwargs)
     _setup_logging()
-    _runtime = Runtime(cfg, launch_env.discover(), store=store)
+    _runtime = Runtime(cfg, info or launch_env.discover(), store=store)
     return _runtime
 
 
@@ -345,13 +346,14 @@ def barrier(group=None, async_op=False, device_ids=None, backend=None):
 
 
 # --- point to point ----------------------------------------------------------------------------
-# send and recv share the family "send_recv" so both sides always pick the same backend.
+# send and recv share the family "send_recv" so both sides always pick the same backend. A receive
+# from any source (src=None) is chosen the same way: the receiver knows the size and dtype too.
 def _p2p(name, method, tensor, peer, group, tag, async_op, backend):
     rt, g = _start(group)
     _check(name, tensor)
-    if peer is None:
-        raise ValueError(f"mcr.{name}: pass the peer rank (receiving from any source is not supported)")
-    args = (tensor, g.group_rank(peer), tag)
+    if peer is None and method == "send":
+        raise ValueError(f"mcr.{name}: pass the destination rank")
+    args = (tensor, None if peer is None else g.group_rank(peer), tag)
     return rt.call("send_recv", method, tensor.nbytes, g, tensor, backend, async_op, args)
 
 
@@ -360,8 +362,13 @@ def send(tensor, dst, group=None, tag=0, backend=None):
 
 
 def recv(tensor, src=None, group=None, tag=0, backend=None) -> int:
-    _p2p("recv", "recv", tensor, src, group, tag, False, backend)
-    return src
+    """Returns the sender's global rank (`src`, or whoever sent when src is None)."""
+    if src is not None:
+        _p2p("recv", "recv", tensor, src, group, tag, False, backend)
+        return src
+    handle = _p2p("recv", "recv", tensor, None, group, tag, True, backend)
+    handle.wait()
+    return source_rank(handle, group)
 
 
 def isend(tensor, dst, group=None, tag=0, backend=None) -> Handle:
@@ -369,4 +376,13 @@ def isend(tensor, dst, group=None, tag=0, backend=None) -> Handle:
 
 
 def irecv(tensor, src=None, group=None, tag=0, backend=None) -> Handle:
+    """src=None receives from any source: `source_rank(handle)` names the sender once done."""
     return _p2p("irecv", "recv", tensor, src, group, tag, True, backend)
+
+
+def source_rank(handle: Handle, group=None) -> int:
+    """The global rank that sent what a completed `irecv(src=None)` received."""
+    if handle.source is None:
+        raise ValueError("mcr.source_rank: the handle is not a receive from any source (irecv with src=None)")
+    handle.wait()
+    return _start(group)[1].ranks[handle.source()]

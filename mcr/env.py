@@ -188,6 +188,30 @@ def discover(env=None) -> LaunchInfo:
     )
 
 
+def from_torch(rank: int, world_size: int, store) -> LaunchInfo:
+    """The place of a process that torch.distributed was told its rank and world size directly
+    (`mp.spawn`, notebooks, torch's own test suite) and that no launcher started. The local view
+    comes from the hostnames every rank publishes on torch's store; there is no MPI world."""
+    hosts = hosts_by_rank(store, rank, world_size)
+    mine = hosts[rank]
+    return LaunchInfo(
+        launcher="torch",
+        rank=rank,
+        local_rank=hosts[:rank].count(mine),
+        world_size=world_size,
+        local_world_size=hosts.count(mine),
+        master_addr=None,  # the store torch already rendezvoused on serves every backend
+        master_port=None,
+        mpi_world=False,
+    )
+
+
+def hosts_by_rank(store, rank: int, world_size: int) -> list[str]:
+    """Every rank's hostname, exchanged once over a torch store (each rank sets its own key)."""
+    store.set(f"host/{rank}", socket.gethostname())
+    return [value.decode() for value in store.multi_get([f"host/{r}" for r in range(world_size)])]
+
+
 def mpi_plugin_hint(env=None) -> str:
     """Why an MPI launcher's world came out as singletons, when srun started the ranks."""
     env = os.environ if env is None else env

@@ -42,6 +42,7 @@ from . import hugepages
 from .backends.base import Backend, BackendUnavailable
 from .backends.mpi import MPIBackend
 from .backends.torch_dist import GlooBackend, NcclBackend
+from .callbacks import CallbackThread
 from .commlog import CommLog
 from .config import ConfigError, RuntimeConfig
 from .debug import CallChecker
@@ -122,6 +123,7 @@ class Runtime:
         self._needs_driving = {name for name, backend in self.backends.items() if not backend.progresses_alone}
         self._checker = self._call_checker(cfg)
         self.progress = self._progress_thread(cfg)
+        self.callbacks = CallbackThread()  # sets dist.Work futures as their ops complete (mcr.callbacks)
         if self.world_size > 1:
             self._abort_job_on_uncaught_exception()
         if self.rank == 0:
@@ -485,14 +487,23 @@ class Runtime:
         """Keep an async op's handle until the op completes, so that a caller dropping it frees
         neither the request nor the buffers under the backend (mpi4py keeps neither alive), and
         its post-steps (AVG's divide, copy-outs) still run. `comm`: the communicator of a
-        collective, whose later blocking ops complete it first; None for send/recv."""
-        in_flight = self._in_flight
-        with self._in_flight_lock:
-            while in_flight and in_flight[0][1].is_completed():  # ops complete roughly in issue order
+        collective, whose later blocking ops complete it first; None for send/recv. Earlier
+        handles are tested outside the lock: testing runs their finishers."""
+        in_flight, lock = self._in_flight, self._in_flight_lock
+        with lock:
+            oldest = in_flight[0][1] if in_flight else None
+            # past the threshold an old op is still pending (a receive waiting for its send): test all
+            sweep = [entry[1] for entry in in_flight] if len(in_flight) >= self._sweep_at else None
+        if oldest is not None:
+            oldest.is_completed()  # ops complete roughly in issue order
+        for earlier in sweep or ():
+            earlier.is_completed()
+        with lock:
+            while in_flight and in_flight[0][1]._done:
                 in_flight.popleft()
             in_flight.append((comm, handle))
-            if len(in_flight) >= self._sweep_at:  # an old op still pending (a receive waiting for its send)
-                kept = [entry for entry in in_flight if not entry[1].is_completed()]
+            if sweep is not None:
+                kept = [entry for entry in in_flight if not entry[1]._done]
                 in_flight.clear()
                 in_flight.extend(kept)
                 self._sweep_at = max(64, 2 * len(kept))
@@ -571,6 +582,8 @@ class Runtime:
         if self._checker is not None:  # a rank that skipped a call meets its peers' call here
             self._checker.check("finalize", self.world, 0, None)
         self._complete_all()  # under the watchdog: a peer that never posts its part is named
+        self.callbacks.stop()  # the futures of those ops; their callbacks may issue more ops
+        self._complete_all()
         if self.comm_log is not None:
             if self.rank == 0:
                 print("mcr communication log (rank 0)\n" + self.comm_log.table(), flush=True)

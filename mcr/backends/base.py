@@ -68,6 +68,7 @@ class Backend:
         raise NotImplementedError
 
     def recv(self, g, tensor, src, tag, async_op):
+        """src None: from any source (always async); the handle's `source()` names the sender's group rank."""
         raise NotImplementedError
 
     def barrier(self, g, async_op):

@@ -377,6 +377,11 @@ class MPIBackend(Backend):
 
     @_staged_through_host
     def recv(self, g, tensor, src, tag, async_op):
+        if src is None:  # any source (the runtime issues it async): the status names the sender
+            status, request = self.MPI.Status(), g.Irecv(self._bytes(tensor), self.MPI.ANY_SOURCE, tag)
+            handle = Handle(lambda: request.Wait(status), lambda: request.Test(status), tensor)
+            handle.source = status.Get_source
+            return handle
         if async_op:
             return from_mpi_request(g.Irecv(self._bytes(tensor), src, tag), tensor)
         g.Recv(self._bytes(tensor), src, tag)

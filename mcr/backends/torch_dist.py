@@ -119,6 +119,11 @@ class TorchDistBackend(Backend):
         return self._p2p(self._handle_or_wait(g.send([tensor], dst, tag), async_op))
 
     def recv(self, g, tensor, src, tag, async_op):
+        if src is None:  # any source (the runtime issues it async): the Work names the sender
+            work = g.recv_anysource([tensor], tag)
+            handle = self._p2p(from_torch_work(work))
+            handle.source = work._source_rank
+            return handle
         return self._p2p(self._handle_or_wait(g.recv([tensor], src, tag), async_op))
 
     def _p2p(self, handle):

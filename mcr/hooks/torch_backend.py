@@ -36,6 +36,7 @@ import torch
 import torch.distributed as dist
 
 from .. import api
+from .. import env as launch_env
 from ..group import Group
 from ..ops import ReduceOp
 from . import versions
@@ -109,8 +110,11 @@ class RuntimeProcessGroup(dist.ProcessGroup):
 
     def allgather(self, output_lists, inputs, opts):
         _single("allgather", inputs)
-        handle = api.all_gather(output_lists[0], inputs[0], self.mcr_group, opts.asyncOp)
-        return self._work(handle, output_lists)
+        outputs = output_lists[0]
+        handle = api.all_gather(outputs, inputs[0], self.mcr_group, opts.asyncOp)
+        # the future carries what NCCL's does, [ranks' tensors stacked], which comm hooks index as
+        # value()[0][rank] or [rank, ...] (torch's quantization hooks); made only when asked for
+        return self._work(handle, lambda: [torch.stack(outputs)])
 
     def all_gather_single(self, output, input, opts):
         handle = api.all_gather_into_tensor(output, input, self.mcr_group, opts.asyncOp)
@@ -119,7 +123,11 @@ class RuntimeProcessGroup(dist.ProcessGroup):
     _allgather_base = all_gather_single  # the pre-2.13 name, still called by some libraries
 
     def allgather_coalesced(self, output_lists, inputs, opts):
-        handles = [api.all_gather(outs, t, self.mcr_group, True) for outs, t in zip(output_lists, inputs)]
+        # torch's lists are per rank, then per tensor: output_lists[rank][i] receives inputs[i] of rank
+        handles = [
+            api.all_gather([per_rank[i] for per_rank in output_lists], t, self.mcr_group, True)
+            for i, t in enumerate(inputs)
+        ]
         return self._work_or_wait(handles, output_lists, opts.asyncOp)
 
     def all_gather_single_coalesced(self, outputs, inputs, opts):
@@ -183,9 +191,7 @@ class RuntimeProcessGroup(dist.ProcessGroup):
         return HandleWork(api.irecv(tensors[0], self._ranks[src], self.mcr_group, tag), tensors)
 
     def recv_anysource(self, tensors, tag):
-        raise NotImplementedError(
-            "mcr backend: recv from any source is not supported (backends must agree on the peer); pass src="
-        )
+        return HandleWork(api.irecv(tensors[0], None, self.mcr_group, tag), tensors)
 
     # --- helpers -------------------------------------------------------------------------------
     @staticmethod
@@ -245,7 +251,10 @@ def _unflatten(flat, tensors):
 
 # --- creating groups ---------------------------------------------------------------------------
 def _world_runtime(opts, pg_options):
-    """The runtime for torch's default group: the running one, or one started on torch's store."""
+    """The runtime for torch's default group: the running one, or one started on torch's store.
+    Where no launcher started this process (`mp.spawn`, notebooks, torch's test suite), the rank
+    and world size torch was given are the truth: the runtime starts from them (gloo on torch's
+    store, no MPI world)."""
     global _epoch
     _epoch = next(_world_epoch)
     if api.is_initialized():
@@ -256,7 +265,11 @@ def _world_runtime(opts, pg_options):
             )
         rt, owned = api.runtime(), _adopt_runtime
     else:
-        rt, owned = api.init(pg_options, store=dist.PrefixStore("mcr/", opts.store)), True
+        store = dist.PrefixStore("mcr/", opts.store)
+        info = launch_env.discover()
+        if info.launcher == "single" and (opts.group_rank, opts.group_size) != (0, 1):
+            info = launch_env.from_torch(opts.group_rank, opts.group_size, store)
+        rt, owned = api.init(pg_options, store=store, info=info), True
     if (rt.rank, rt.world_size) != (opts.group_rank, opts.group_size):
         if owned:
             api.finalize()

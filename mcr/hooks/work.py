@@ -6,12 +6,11 @@ callers such as the DDP reducer call `wait()` or `getFuture()` on it.
 
 from __future__ import annotations
 
-from threading import Lock
-
 import torch
 import torch.distributed as dist
 
 from .. import api
+from ..callbacks import CallbackFuture
 
 
 def _completed_future(result):
@@ -45,7 +44,8 @@ DONE = DoneWork()
 
 class HandleWork(dist.Work):
     """An async op: waits on the runtime's handle(s); `result` is what the future carries
-    (the DDP reducer reads the reduced tensor from `future.value()[0]`)."""
+    (the DDP reducer reads the reduced tensor from `future.value()[0]`), or a function that
+    makes it once the op is done."""
 
     def __init__(self, handles, result):
         super().__init__()
@@ -69,27 +69,22 @@ class HandleWork(dist.Work):
         return self.is_completed()
 
     def get_future(self):
-        """A future that completes when the op does: on its own where the runtime's progress
-        thread runs (DDP's reducer then overlaps the all-reduce with the rest of backward), or
-        here, waiting, where it does not (MCR_PROGRESS_THREAD=0)."""
-        if api.runtime().progress is None:
-            self.wait()
-            return _completed_future(self._result)
-        fut = torch.futures.Future()
+        """A future set as soon as the op completes by the runtime's callback thread (DDP's
+        reducer then overlaps the all-reduce with the rest of backward); Python callbacks chained
+        on it run on the thread that chains them, once the op is done (`mcr.callbacks`). Without
+        the progress thread (MCR_PROGRESS_THREAD=0, or an MPI without MPI_THREAD_MULTIPLE) the
+        op is waited on here."""
+        rt = api.runtime()
         handles = self._handles if isinstance(self._handles, list) else [self._handles]
-        left = [len(handles)]  # the last handle to complete sets the result (finishers run one at a time)
-        lock = Lock()
-
-        def one_done():
-            with lock:
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                fut.set_result(self._result)
-
-        for handle in handles:
-            handle.then(one_done)
-        return fut
+        if rt.progress is None:
+            fut = CallbackFuture(handles, self._result)
+            fut.settle()
+            return fut
+        return rt.callbacks.future(handles, self._result)
 
     def result(self):
-        return self._result
+        return self._result() if callable(self._result) else self._result
+
+    def _source_rank(self):  # torch's recv(src=None) asks who sent (a group rank)
+        self.wait()
+        return self._handles.source()

@@ -61,6 +61,16 @@ def main(mode):
     dist.all_gather_into_tensor(out, torch.full((2,), float(rank)))
     check("all_gather_into_tensor", out, torch.arange(n, dtype=torch.float).repeat_interleave(2))
 
+    # coalesced: torch's output lists are per rank, then per tensor
+    outs = [[torch.empty(2), torch.empty(3)] for _ in range(n)]
+    dist.all_gather_coalesced(outs, [torch.full((2,), float(rank)), torch.arange(3.0) + 10 * rank])
+    for r, (a, b) in enumerate(outs):
+        check(
+            f"all_gather_coalesced from rank {r}",
+            torch.cat([a, b]),
+            torch.tensor([r, r, 10 * r, 10 * r + 1, 10 * r + 2.0]),
+        )
+
     out = torch.empty(2)
     dist.reduce_scatter(out, [torch.full((2,), float(rank + i)) for i in range(n)])
     check("reduce_scatter", out, torch.full((2,), ranks_sum + n * rank))
@@ -99,6 +109,13 @@ def main(mode):
         for w in dist.batch_isend_irecv(ops):
             w.wait()
         check("batch_isend_irecv", t, torch.tensor([float(peer)]))
+        if rank == 0:  # from any source: the receiver picks the sender's route from size and dtype
+            got = torch.zeros(2)
+            src = dist.recv(got)
+            check("recv from any source", got, torch.tensor([1.0, -1.0]))
+            assert src == 1, f"recv from any source names rank {src}, not the sender 1"
+        else:
+            dist.send(torch.tensor([1.0, -1.0]), 0)
     dist.barrier()
 
     # a subgroup, created on every rank as torch requires; members get an mcr group

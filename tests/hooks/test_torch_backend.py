@@ -1,13 +1,15 @@
 """The torch.distributed backend "mcr" on 2 real ranks: every op, subgroups, DDP."""
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch.distributed as dist
 
 import mcr  # noqa: F401  (registers the backend)
 from tests.hooks.common import HERE, assert_same_losses, families, run, tagged
-from tests.ranks import run_script
+from tests.ranks import REPO, clean_env, run_script
 
 
 def test_import_mcr_registers_the_backend():
@@ -37,9 +39,10 @@ def test_ddp_and_fsdp_on_mcr_match_plain_gloo_through_the_runtime():
     assert fsdp.get("all_gather") == {"mpi"} and fsdp.get("reduce_scatter") == {"mpi"}, fsdp
 
 
-def test_rank_disagreeing_with_the_launcher_is_a_clear_error():
-    """torch told rank 1 of 2 while this process is a world of one: refuse, naming the fix."""
-
+def test_rank_disagreeing_with_the_launcher_is_a_clear_error(monkeypatch):
+    """torch told rank 1 of 2 while the launcher says rank 0 of 1: refuse, naming the fix."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "1")
     try:
         with pytest.raises(RuntimeError, match=r"torch.distributed says rank 1 of 2.*launcher's rank"):
             dist.init_process_group("mcr", store=dist.HashStore(), rank=1, world_size=2)
@@ -60,3 +63,24 @@ def test_uncaught_exception_after_init_process_group_prints_its_traceback():
         assert f"rank {rank} uncaught after init_process_group" in result.output, result.output[-3000:]
         assert f"rank {rank} ended with AssertionError" in result.output, result.output[-3000:]
     assert result.output.count('raise_script.py", line 8, in <module>') == 2, result.output[-3000:]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_spawn_started_ranks_run_without_launcher_variables(world):
+    """mp.spawn with a file:// init, as torch's DDP tutorial and test suite start ranks: the rank
+    and world size torch was given are the truth; gloo runs on torch's store (no MPI world)."""
+    env = {**clean_env(), "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, os.path.join(HERE, "spawn_script.py"), str(world)],
+        env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    reports = {int(rank): report for rank, report in tagged(proc.stdout, "SPAWN").items()}  # lines may interleave
+    assert sorted(reports) == list(range(world)), proc.stdout[-3000:]
+    total = [sum(10 * r + i for r in range(world)) for i in range(4)]
+    for rank, got in reports.items():
+        assert (got["launcher"], got["rank"], got["world"]) == ("torch", rank, world), got
+        assert (got["local_rank"], got["local_world"]) == (rank, world), got  # one host: from the hostnames
+        assert got["backends"] == ["gloo"] and got["all_reduce"] == total, got
+        assert got["coalesced"] == [[[r, r], [100 + r] * 3] for r in range(world)], got
+    assert reports[0]["senders"] == list(range(1, world)), reports[0]
