@@ -39,16 +39,17 @@ def _op_name(op) -> str:
 
 
 # --- lifecycle ---------------------------------------------------------------------------------
-def init(config=None, store=None, info=None, **kwargs) -> Runtime:
+def init(config=None, store=None, info=None, op_timeout_s=None, **kwargs) -> Runtime:
     """Start the runtime on every rank. `config`: RuntimeConfig, dict or omegaconf node;
-    keyword arguments override single fields (e.g. `comm_log=True`). `store` and `info` (the
-    rank's place, `mcr.env.LaunchInfo`) are for the torch hook; by default the launcher's."""
+    keyword arguments override single fields (e.g. `comm_log=True`). `store`, `info` (the
+    rank's place, `mcr.env.LaunchInfo`) and `op_timeout_s` (torch's group timeout) are for the
+    torch hook; by default the launcher's, and the watchdog's timeout."""
     global _runtime
     if _runtime is not None:
         raise RuntimeError("mcr.init() was already called; call mcr.finalize() first")
     cfg = config_mod.load(config, **kwargs)
     _setup_logging()
-    _runtime = Runtime(cfg, info or launch_env.discover(), store=store)
+    _runtime = Runtime(cfg, info or launch_env.discover(), store=store, op_timeout_s=op_timeout_s)
     return _runtime
 
 
@@ -116,6 +117,11 @@ def _check(name, *tensors):
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"mcr.{name}: expected a torch.Tensor, got {type(t).__name__}")
+        if t.layout is not torch.strided:
+            raise TypeError(
+                f"mcr.{name}: {t.layout} tensors are not supported; pass t.to_dense(), or all-reduce them with "
+                'dist.all_reduce on backend "mcr", which runs sparse tensors on gloo'
+            )
         if not t.is_contiguous():
             raise ValueError(f"mcr.{name}: tensor of shape {tuple(t.shape)} is not contiguous; pass t.contiguous()")
 

@@ -84,7 +84,9 @@ class Route(NamedTuple):
 
 
 class Runtime:
-    def __init__(self, cfg: RuntimeConfig, info: launch_env.LaunchInfo, store=None):
+    def __init__(self, cfg: RuntimeConfig, info: launch_env.LaunchInfo, store=None, op_timeout_s=None):
+        """`op_timeout_s`: torch's process-group timeout, after which a gloo or nccl op raises
+        (default: the watchdog's); MPI has none."""
         self.cfg = cfg
         self.info = info
         self.rank = info.rank
@@ -96,8 +98,9 @@ class Runtime:
 
         mpi = self._try("mpi", wanted, lambda: MPIBackend(info))
         self.store = store if store is not None else self._make_store(info, mpi, self.unavailable.get("mpi"))
-        self._try("gloo", wanted, lambda: GlooBackend(self.store, info.rank, info.world_size, cfg.watchdog_timeout_s))
-        self._try("nccl", wanted, lambda: NcclBackend(self.store, info.rank, info.world_size, cfg.watchdog_timeout_s))
+        timeout_s = op_timeout_s or cfg.watchdog_timeout_s
+        self._try("gloo", wanted, lambda: GlooBackend(self.store, info.rank, info.world_size, timeout_s))
+        self._try("nccl", wanted, lambda: NcclBackend(self.store, info.rank, info.world_size, timeout_s))
 
         self._next_gid = 0
         # every group this runtime made communicators for: finalize() releases them (the torch

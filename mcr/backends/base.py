@@ -23,9 +23,10 @@ class Backend:
     def version(self) -> str:
         raise NotImplementedError
 
-    def new_group(self, gid: int, ranks: list[int], group_rank: int):
+    def new_group(self, gid: int, ranks: list[int], group_rank: int, timeout=None):
         """Called on every rank of the world (like torch's new_group); returns this backend's
-        group object on members and None elsewhere."""
+        group object on members and None elsewhere. `timeout` (a timedelta, torch's group
+        timeout): where the library has one, an op on the group raises after it."""
         raise NotImplementedError
 
     def supports(self, family: str, dtype, reduce_op, device_type: str) -> bool:

@@ -99,6 +99,7 @@ def _staged_through_host(method):
     return run
 
 
+@functools.cache  # once per process: MPI allows few user-defined ops, and runtimes may start again and again
 def _half_ops(mpi) -> dict:
     """{dtype: {reduce op name: MPI op}} for float16 and bfloat16 on CPU. MPI calls the op on
     pieces of the message (its own segments); torch's kernels compute each element in float32
@@ -166,7 +167,9 @@ class MPIBackend(Backend):
         self._upcast = frozenset(HALF_DTYPES)
         # per group, a twin communicator for the list all-to-all's sends and receives, so they
         # never match a user's send/recv on the group
-        self._twins = {id(self.world): self.world.Dup()}
+        self._comms = [self.world]  # every communicator made here, freed at shutdown
+        self._twins = {}
+        self._with_twin(self.world)
         self._mem = MPI.memory.fromaddress
         self._byte = MPI.BYTE
         self._in_place = MPI.IN_PLACE
@@ -192,23 +195,37 @@ class MPIBackend(Backend):
     def shutdown(self):
         if self._worker is not None:
             self._worker.stop()
+        for comm in reversed(self._comms):  # a runtime started again must not run out of contexts
+            comm.Free()
+        self._comms.clear()
+        self._twins.clear()
 
     def version(self) -> str:
         return self.MPI.Get_library_version().splitlines()[0].split(",")[0].strip()
 
-    def new_group(self, gid, ranks, group_rank):
+    def new_group(self, gid, ranks, group_rank, timeout=None):  # MPI ops have no timeout: the watchdog names a hang
         if gid == 0:
             return self.world
         color = 0 if group_rank >= 0 else self.MPI.UNDEFINED
         comm = self.world.Split(color, max(group_rank, 0))
-        return self._with_twin(comm) if group_rank >= 0 else None
+        if group_rank < 0:
+            return None  # MPI_COMM_NULL
+        self._comms.append(comm)
+        return self._with_twin(comm)
 
     def member_group(self, ranks):
         """A group's communicator built by its members alone (MPI_Comm_create_group)."""
-        return self._with_twin(self.world.Create_group(self.world.group.Incl(list(ranks))))
+        world_group = self.world.Get_group()
+        members = world_group.Incl(list(ranks))
+        comm = self.world.Create_group(members)
+        members.Free()
+        world_group.Free()
+        self._comms.append(comm)
+        return self._with_twin(comm)
 
     def _with_twin(self, comm):
-        self._twins[id(comm)] = comm.Dup()  # collective over the group's members, like its creation
+        twin = self._twins[id(comm)] = comm.Dup()  # collective over the group's members, like its creation
+        self._comms.append(twin)
         return comm
 
     def supports(self, family, dtype, reduce_op, device_type):

@@ -41,14 +41,14 @@ class TorchDistBackend(Backend):
     def version(self) -> str:
         return f"torch {torch.__version__}"
 
-    def _make_pg(self, store, group_rank, group_size):
+    def _make_pg(self, store, group_rank, group_size, timeout):
         raise NotImplementedError
 
-    def new_group(self, gid, ranks, group_rank):
+    def new_group(self, gid, ranks, group_rank, timeout=None):
         if group_rank < 0:
             return None
         store = dist.PrefixStore(f"{self.name}/{gid}/", self._store)
-        return self._make_pg(store, group_rank, len(ranks))
+        return self._make_pg(store, group_rank, len(ranks), timeout or self._timeout)
 
     @staticmethod
     def _handle_or_wait(work, async_op, keep=None):
@@ -145,8 +145,8 @@ class GlooBackend(TorchDistBackend):
             raise BackendUnavailable("this torch build has no gloo")
         super().__init__(store, rank, world_size, timeout_s)
 
-    def _make_pg(self, store, group_rank, group_size):
-        return dist.ProcessGroupGloo(store, group_rank, group_size, self._timeout)
+    def _make_pg(self, store, group_rank, group_size, timeout):
+        return dist.ProcessGroupGloo(store, group_rank, group_size, timeout)
 
     def all_to_all(self, g, output_list, input_list, async_op):
         # gloo's list all-to-all needs equal sizes; packing into one uneven all_to_all_single does not
@@ -185,9 +185,9 @@ class NcclBackend(TorchDistBackend):
     def version(self) -> str:
         return "nccl " + ".".join(map(str, torch.cuda.nccl.version()))
 
-    def _make_pg(self, store, group_rank, group_size):
+    def _make_pg(self, store, group_rank, group_size, timeout):
         opts = dist.ProcessGroupNCCL.Options()
-        opts._timeout = self._timeout
+        opts._timeout = timeout
         return dist.ProcessGroupNCCL(store, group_rank, group_size, opts)
 
     def supports(self, family, dtype, reduce_op, device_type):

@@ -51,6 +51,23 @@ _epoch = 0
 _adopt_runtime = False  # see adopting_runtime(): the runtime we started ends with torch's group
 
 _all_reduce = api.all_reduce  # bound once: the hot path skips module lookups
+# torch's ProcessGroup methods give every options argument a default (Python callers leave it
+# out: `pg.allreduce([t])`); C++ callers always pass one. Never modified, so shared.
+_DEFAULT_OPTS = {
+    name: getattr(torch._C._distributed_c10d, name)()
+    for name in (
+        "AllreduceOptions",
+        "AllreduceCoalescedOptions",
+        "ReduceOptions",
+        "BroadcastOptions",
+        "AllgatherOptions",
+        "GatherOptions",
+        "ScatterOptions",
+        "ReduceScatterOptions",
+        "AllToAllOptions",
+        "BarrierOptions",
+    )
+}
 
 
 class RuntimeProcessGroup(dist.ProcessGroup):
@@ -82,14 +99,16 @@ class RuntimeProcessGroup(dist.ProcessGroup):
         self.shutdown()
 
     # --- collectives ---------------------------------------------------------------------------
-    def allreduce(self, tensors, opts):
+    def allreduce(self, tensors, opts=_DEFAULT_OPTS["AllreduceOptions"]):
         if len(tensors) != 1:
             return self.allreduce_coalesced(tensors, opts)
+        if tensors[0].is_sparse:  # only gloo reduces sparse tensors: run there, unchosen
+            return self._on_gloo("sparse all_reduce").allreduce(tensors, opts)
         async_op = opts.asyncOp
         handle = _all_reduce(tensors[0], _op(opts.reduceOp), self.mcr_group, async_op)
         return DONE if handle is None else HandleWork(handle, tensors)
 
-    def allreduce_coalesced(self, tensors, opts):
+    def allreduce_coalesced(self, tensors, opts=_DEFAULT_OPTS["AllreduceCoalescedOptions"]):
         """One all-reduce on a flat copy: many small tensors cost one op, not many."""
         if not tensors:
             return DONE
@@ -98,17 +117,17 @@ class RuntimeProcessGroup(dist.ProcessGroup):
         handle.then(lambda: _unflatten(flat, tensors))
         return self._work_or_wait(handle, tensors, opts.asyncOp)
 
-    def reduce(self, tensors, opts):
+    def reduce(self, tensors, opts=_DEFAULT_OPTS["ReduceOptions"]):
         tensor = tensors[opts.rootTensor]
         handle = api.reduce(tensor, self._ranks[opts.rootRank], _op(opts.reduceOp), self.mcr_group, opts.asyncOp)
         return self._work(handle, tensors)
 
-    def broadcast(self, tensors, opts):
+    def broadcast(self, tensors, opts=_DEFAULT_OPTS["BroadcastOptions"]):
         tensor = tensors[opts.rootTensor]
         handle = api.broadcast(tensor, self._ranks[opts.rootRank], self.mcr_group, opts.asyncOp)
         return self._work(handle, tensors)
 
-    def allgather(self, output_lists, inputs, opts):
+    def allgather(self, output_lists, inputs, opts=_DEFAULT_OPTS["AllgatherOptions"]):
         _single("allgather", inputs)
         outputs = output_lists[0]
         handle = api.all_gather(outputs, inputs[0], self.mcr_group, opts.asyncOp)
@@ -116,13 +135,13 @@ class RuntimeProcessGroup(dist.ProcessGroup):
         # value()[0][rank] or [rank, ...] (torch's quantization hooks); made only when asked for
         return self._work(handle, lambda: [torch.stack(outputs)])
 
-    def all_gather_single(self, output, input, opts):
+    def all_gather_single(self, output, input, opts=_DEFAULT_OPTS["AllgatherOptions"]):
         handle = api.all_gather_into_tensor(output, input, self.mcr_group, opts.asyncOp)
         return self._work(handle, [output])
 
     _allgather_base = all_gather_single  # the pre-2.13 name, still called by some libraries
 
-    def allgather_coalesced(self, output_lists, inputs, opts):
+    def allgather_coalesced(self, output_lists, inputs, opts=_DEFAULT_OPTS["AllgatherOptions"]):
         # torch's lists are per rank, then per tensor: output_lists[rank][i] receives inputs[i] of rank
         handles = [
             api.all_gather([per_rank[i] for per_rank in output_lists], t, self.mcr_group, True)
@@ -130,43 +149,43 @@ class RuntimeProcessGroup(dist.ProcessGroup):
         ]
         return self._work_or_wait(handles, output_lists, opts.asyncOp)
 
-    def all_gather_single_coalesced(self, outputs, inputs, opts):
+    def all_gather_single_coalesced(self, outputs, inputs, opts=_DEFAULT_OPTS["AllgatherOptions"]):
         handles = [api.all_gather_into_tensor(o, i, self.mcr_group, True) for o, i in zip(outputs, inputs)]
         return self._work_or_wait(handles, outputs, opts.asyncOp)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
-    def gather(self, output_lists, inputs, opts):
+    def gather(self, output_lists, inputs, opts=_DEFAULT_OPTS["GatherOptions"]):
         _single("gather", inputs)
         gather_list = output_lists[0] if output_lists else None
         handle = api.gather(inputs[0], gather_list, self._ranks[opts.rootRank], self.mcr_group, opts.asyncOp)
         return self._work(handle, output_lists)
 
-    def scatter(self, outputs, input_lists, opts):
+    def scatter(self, outputs, input_lists, opts=_DEFAULT_OPTS["ScatterOptions"]):
         _single("scatter", outputs)
         scatter_list = input_lists[0] if input_lists else None
         handle = api.scatter(outputs[0], scatter_list, self._ranks[opts.rootRank], self.mcr_group, opts.asyncOp)
         return self._work(handle, outputs)
 
-    def reduce_scatter(self, outputs, input_lists, opts):
+    def reduce_scatter(self, outputs, input_lists, opts=_DEFAULT_OPTS["ReduceScatterOptions"]):
         _single("reduce_scatter", outputs)
         handle = api.reduce_scatter(outputs[0], input_lists[0], _op(opts.reduceOp), self.mcr_group, opts.asyncOp)
         return self._work(handle, outputs)
 
-    def reduce_scatter_single(self, output, input, opts):
+    def reduce_scatter_single(self, output, input, opts=_DEFAULT_OPTS["ReduceScatterOptions"]):
         handle = api.reduce_scatter_tensor(output, input, _op(opts.reduceOp), self.mcr_group, opts.asyncOp)
         return self._work(handle, [output])
 
     _reduce_scatter_base = reduce_scatter_single
 
-    def reduce_scatter_single_coalesced(self, outputs, inputs, opts):
+    def reduce_scatter_single_coalesced(self, outputs, inputs, opts=_DEFAULT_OPTS["ReduceScatterOptions"]):
         op = _op(opts.reduceOp)
         handles = [api.reduce_scatter_tensor(o, i, op, self.mcr_group, True) for o, i in zip(outputs, inputs)]
         return self._work_or_wait(handles, outputs, opts.asyncOp)
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
 
-    def all_to_all_single(self, output, input, output_splits, input_splits, opts):
+    def all_to_all_single(self, output, input, output_splits, input_splits, opts=_DEFAULT_OPTS["AllToAllOptions"]):
         # Uneven splits (TorchRec's KJT exchange) differ by rank; the runtime agrees on one
         # size before choosing, so every rank picks the same backend (api.all_to_all_single).
         handle = api.all_to_all_single(
@@ -176,11 +195,11 @@ class RuntimeProcessGroup(dist.ProcessGroup):
 
     alltoall_base = all_to_all_single
 
-    def alltoall(self, outputs, inputs, opts):
+    def alltoall(self, outputs, inputs, opts=_DEFAULT_OPTS["AllToAllOptions"]):
         handle = api.all_to_all(outputs, inputs, self.mcr_group, opts.asyncOp)
         return self._work(handle, outputs)
 
-    def barrier(self, opts):
+    def barrier(self, opts=_DEFAULT_OPTS["BarrierOptions"]):
         return self._work(api.barrier(self.mcr_group, opts.asyncOp), [])
 
     # --- point to point: torch's send/recv have no async flag; torch waits when it must -------
@@ -194,6 +213,13 @@ class RuntimeProcessGroup(dist.ProcessGroup):
         return HandleWork(api.irecv(tensors[0], None, self.mcr_group, tag), tensors)
 
     # --- helpers -------------------------------------------------------------------------------
+    def _on_gloo(self, what):
+        gloo = self.mcr_group.comms.get("gloo")
+        if gloo is None:
+            why = api.available_backends().get("gloo") or "not started"
+            raise ValueError(f"mcr backend: {what} runs on gloo, which is unavailable here ({why})")
+        return gloo
+
     @staticmethod
     def _work(handle, result):
         return DONE if handle is None else HandleWork(handle, result)
@@ -269,7 +295,7 @@ def _world_runtime(opts, pg_options):
         info = launch_env.discover()
         if info.launcher == "single" and (opts.group_rank, opts.group_size) != (0, 1):
             info = launch_env.from_torch(opts.group_rank, opts.group_size, store)
-        rt, owned = api.init(pg_options, store=store, info=info), True
+        rt, owned = api.init(pg_options, store=store, info=info, op_timeout_s=opts.timeout.total_seconds()), True
     if (rt.rank, rt.world_size) != (opts.group_rank, opts.group_size):
         if owned:
             api.finalize()
@@ -281,14 +307,14 @@ def _world_runtime(opts, pg_options):
     return rt, owned
 
 
-def _member_group(rt, name: str, ranks) -> Group:
+def _member_group(rt, name: str, ranks, timeout) -> Group:
     """An mcr group built by its members alone (torch never calls non-members)."""
     group = Group(("torch", name), ranks, rt.rank)
     for backend_name, backend in rt.backends.items():
         if backend_name == "mpi":
             group.comms["mpi"] = backend.member_group(ranks)
         else:  # gloo/nccl rendezvous on the runtime's store under this agreed name
-            comm = backend.new_group(f"torch/{name}", list(ranks), group.rank)
+            comm = backend.new_group(f"torch/{name}", list(ranks), group.rank, timeout)
             if comm is not None:
                 group.comms[backend_name] = comm
     return group
@@ -311,7 +337,7 @@ def _create(opts, pg_options):
             f"mcr backend: torch's global rank {dist.get_rank()} differs from the runtime's {rt.rank}; "
             "initialize torch.distributed with the launcher's ranks"
         )
-    group = _member_group(rt, f"{_epoch}/{opts.group_id}", ranks)
+    group = _member_group(rt, f"{_epoch}/{opts.group_id}", ranks, opts.timeout)
     return RuntimeProcessGroup(group, owns_runtime=_adopt_runtime)
 
 
