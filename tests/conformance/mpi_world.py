@@ -93,6 +93,7 @@ def run_rank(first: int) -> None:
 def _run_one(case, name, rank, size, dist, skips) -> str:
     from datetime import timedelta
 
+    import torch
     from torch.testing._internal.distributed import distributed_test
 
     timeout = timedelta(seconds=distributed_test.CUSTOM_PG_TIMEOUT.get(name, distributed_test.default_pg_timeout))
@@ -100,6 +101,11 @@ def _run_one(case, name, rank, size, dist, skips) -> str:
         dist.init_process_group(
             init_method=case.init_method, backend="mcr", world_size=size, rank=rank, timeout=timeout
         )
+        if rank == 0:  # where the tests' ops run: MPI, unless the runtime could not start it
+            import mcr
+
+            rt = mcr.runtime()
+            print(f"ROUTE {rt.choose('all_reduce', 4, rt.world, torch.float32, 'cpu')[0].name}", flush=True)
         case._barrier()
         getattr(case, name)()
         case._barrier()
@@ -117,12 +123,13 @@ def _run_one(case, name, rank, size, dist, skips) -> str:
 
 # --- the driver -------------------------------------------------------------------------------
 def run(nprocs: int, timeout_s: float = 1800) -> dict:
-    """{"<persona>.<test>": status} for every test, one mpiexec job after another."""
+    """{"<persona>.<test>": status} for every test, one mpiexec job after another, and under
+    "routes" the backends the runtime chose for a small all-reduce."""
     from launch.local import mpiexec_command
 
     env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     env.setdefault("MCR_WATCHDOG_TIMEOUT", "120")  # a hung test ends its job, named, instead of the run
-    results, first, total = {}, 0, None
+    results, first, total = {"routes": set()}, 0, None
     while total is None or first < total:
         cmd = mpiexec_command(nprocs, ["-m", "tests.conformance.mpi_world", "--rank-loop", str(first)])
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
@@ -135,6 +142,8 @@ def run(nprocs: int, timeout_s: float = 1800) -> dict:
                 started = None
             elif match := re.match(r"TOTAL (\d+)$", line):
                 total = int(match.group(1))
+            elif match := re.match(r"ROUTE (\S+)$", line):
+                results["routes"].add(match.group(1))
         if proc.returncode == 0 and started is None:
             break
         if started is None:
@@ -153,6 +162,7 @@ def main(argv=None) -> int:
         run_rank(args.rank_loop)
         return 0
     results = run(args.nprocs)
+    print(f"{args.nprocs} ranks in an MPI world; the runtime chose {', '.join(sorted(results.pop('routes')))}")
     for test, status in results.items():
         print(f"{test}: {status.splitlines()[0] if status else status}")
     counts = {kind: sum(s.startswith(kind) for s in results.values()) for kind in ("passed", "skipped", "failed")}
