@@ -334,8 +334,10 @@ class Cluster:
         for name in self._links():
             sh("ip", "link", "del", name, check=False)  # a veth's peer goes with it
         leftover = survivors + self.leftovers()
-        if leftover:
+        if leftover:  # the state file stays, so that another `down` can try again
             raise ClusterError(f"cluster {self.prefix} could not remove {', '.join(leftover)}")
+        if os.path.exists(os.path.join(self.state, STATE_FILE)):
+            os.remove(os.path.join(self.state, STATE_FILE))  # what is gone cannot be entered (`run` says so)
 
     def _pids_in(self, namespaces: list[str]) -> list[int]:
         out = [sh("ip", "netns", "pids", ns, check=False).stdout for ns in namespaces]
