@@ -204,10 +204,22 @@ class Cluster:
     def popen(self, node: str, cmd: list, **kwargs) -> subprocess.Popen:
         return subprocess.Popen(self.command(node, cmd, kwargs.pop("cwd", None)), **kwargs)
 
-    def pids(self, node: str) -> list[int]:
-        """Every process in the node's network namespace (a job's ranks, its daemons, the keeper)."""
+    def pids(self, node: str, **env: str) -> list[int]:
+        """Every process in the node's network namespace (a job's ranks, its daemons, the keeper),
+        or those whose environment holds `env` (SLURM_PROCID="3": a rank its launcher started)."""
         out = sh("ip", "netns", "pids", self.netns(node), check=False).stdout
-        return [int(p) for p in out.split()]
+        pids = [int(p) for p in out.split()]
+        if not env:
+            return pids
+        want, found = {f"{key}={value}" for key, value in env.items()}, []
+        for pid in pids:
+            try:
+                with open(f"/proc/{pid}/environ") as f:
+                    if want <= set(f.read().split("\0")):
+                        found.append(pid)
+            except OSError:  # ended meanwhile
+                continue
+        return found
 
     # --- up and down -----------------------------------------------------------------------------
     def up(self, deadline_s: float = 30) -> "Cluster":

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import uuid
@@ -58,7 +59,8 @@ def test_sbatch_job_on_two_nodes_gives_every_rank_its_place_and_one_rendezvous(c
 def test_torchrun_on_two_nodes_rendezvous_at_node1_gives_every_rank_its_place(cluster):
     endpoint = f"{cluster.address('node1')}:29400"  # c10d rendezvous served by node1's agent
     args = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
-    cmd = [sys.executable, "-m", "torch.distributed.run", *args, "--rdzv-id", uuid.uuid4().hex]
+    run_id = uuid.uuid4().hex
+    cmd = [sys.executable, "-m", "torch.distributed.run", *args, "--rdzv-id", run_id]
     cmd += ["--module", "tests.launch.probe", "backends=gloo"]
     agents = [
         cluster.popen(node, cmd, cwd=REPO, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -68,9 +70,11 @@ def test_torchrun_on_two_nodes_rendezvous_at_node1_gives_every_rank_its_place(cl
     try:
         for agent in agents:
             outs.append(agent.communicate(timeout=180)[0])
-    finally:
-        for agent in agents:
-            agent.kill()  # a node whose peer failed would wait for it until the rendezvous timeout
+    finally:  # a node whose peer failed would wait for it until the rendezvous timeout; its workers too
+        for node, agent in zip(cluster.nodes, agents):
+            agent.kill()
+            for pid in cluster.pids(node, TORCHELASTIC_RUN_ID=run_id):
+                os.kill(pid, signal.SIGKILL)
     out = "".join(outs)
     assert [a.returncode for a in agents] == [0, 0], out[-3000:]
     addr, port = check_views(out, "torchrun").split(":")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -27,6 +28,20 @@ def running(pid: int) -> bool:
             return f.read().rsplit(") ", 1)[1][0] != "Z"  # a zombie has ended
     except OSError:
         return False
+
+
+def test_without_root_the_cluster_tests_skip_saying_why(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    with pytest.raises(pytest.skip.Exception, match="need root"):
+        require_cluster()
+
+
+def test_as_root_a_missing_tool_fails_the_cluster_tests_naming_it(monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: 0)  # as CI runs them
+    which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda name, *args: None if name == "nsenter" else which(name, *args))
+    with pytest.raises(pytest.fail.Exception, match="nsenter not found"):
+        require_cluster(slurm=False)
 
 
 def test_each_node_has_its_own_hostname_hosts_file_and_tmp(cluster, tmp_path):

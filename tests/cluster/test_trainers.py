@@ -57,19 +57,15 @@ def test_tiny_preset_trains_on_two_nodes_through_launch_submit(cluster_slurm, cl
 
 
 def rank_process(cluster: Cluster, node: str, job_id: str, rank: int) -> int | None:
-    """The pid of the job's rank `rank` on `node`: a process there whose launcher said so (srun's
-    SLURM_PROCID) and that runs the trainer, not its srun or step daemon."""
-    want = {f"SLURM_JOB_ID={job_id}", f"SLURM_PROCID={rank}"}
-    for pid in cluster.pids(node):
+    """The pid of the job's rank `rank` on `node`: the trainer that srun started as that rank
+    (not srun or the step daemon, which carry the job's variables too)."""
+    for pid in cluster.pids(node, SLURM_JOB_ID=job_id, SLURM_PROCID=str(rank)):
         try:
-            with open(f"/proc/{pid}/environ") as f:
-                env = set(f.read().split("\0"))
             with open(f"/proc/{pid}/cmdline") as f:
-                cmdline = f.read().split("\0")
+                if "apps.moe" in f.read().split("\0"):
+                    return pid
         except OSError:
             continue
-        if want <= env and "apps.moe" in cmdline:
-            return pid
     return None
 
 
