@@ -14,8 +14,7 @@ import pytest
 from tests.cluster.nodes import Cluster
 from tests.launch.test_slurm import APPS, DEADLINE_S, launch, read, submitted, wait_for
 
-# a few steps each: what is checked is that 4 ranks on 2 nodes train, not how well
-STEPS = {"moe": 4, "dense": 4, "dlrm": 4}
+STEPS = 4  # what is checked is that 4 ranks on 2 nodes train, not how well
 # dense: TP=2 over adjacent ranks, which srun places on one node; data parallel across the nodes
 EXTRA = {"dense": ["parallel.tensor=2"]}
 
@@ -34,17 +33,16 @@ def metrics_steps(run_dir: str) -> list[int]:
 
 @pytest.mark.parametrize("app", APPS)
 def test_tiny_preset_trains_on_two_nodes_through_launch_submit(cluster_slurm, cluster_system, tmp_path, app):
-    steps = STEPS[app]
-    args = ["--out", str(tmp_path), "--", app, "--config", f"configs/{app}/tiny.yaml", f"train.steps={steps}"]
+    trainer = [app, "--config", f"configs/{app}/tiny.yaml", f"train.steps={STEPS}", "log_interval=1"]
     job_id, log, run_dir = submit_job(
-        cluster_slurm, cluster_system, tmp_path, *args, "log_interval=1", *EXTRA.get(app, [])
+        cluster_slurm, cluster_system, tmp_path, "--out", str(tmp_path), "--", *trainer, *EXTRA.get(app, [])
     )
     state = cluster_slurm.wait([job_id], DEADLINE_S)[job_id]
     assert state == "DONE", f"job {job_id}: {state}\n{read(log)[-4000:]}"
     assert f"job {job_id}: 4 ranks of apps.{app} on local; master node1:" in read(log)
     summary = json.loads(read(os.path.join(run_dir, "summary.json")))
-    assert summary["world_size"] == 4 and summary["steps"] == steps, summary
-    assert metrics_steps(run_dir) == list(range(1, steps + 1))
+    assert summary["world_size"] == 4 and summary["steps"] == STEPS, summary
+    assert metrics_steps(run_dir) == list(range(1, STEPS + 1))
     comm = json.loads(read(os.path.join(run_dir, "comm_log.json")))
     assert any(row["backend"] == "mpi" and row["group_size"] == 4 for row in comm), comm  # MPI spans both nodes
     if app == "dense":
