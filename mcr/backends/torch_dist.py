@@ -119,10 +119,13 @@ class TorchDistBackend(Backend):
         return self._handle_or_wait(work, async_op)
 
     def send(self, g, tensor, dst, tag, async_op):
-        return self._completing(self._handle_or_wait(g.send([tensor], dst, tag), async_op), self.p2p_completes_alone)
+        return self._p2p(self._handle_or_wait(g.send([tensor], dst, tag), async_op))
 
     def recv(self, g, tensor, src, tag, async_op):
-        return self._completing(self._handle_or_wait(g.recv([tensor], src, tag), async_op), self.p2p_completes_alone)
+        return self._p2p(self._handle_or_wait(g.recv([tensor], src, tag), async_op))
+
+    def _p2p(self, handle):
+        return self._completing(handle, self.p2p_completes_alone)
 
     @staticmethod
     def _completing(handle, alone: bool):
