@@ -14,7 +14,8 @@ Why mixing backends cannot deadlock (the rule the code keeps):
      threads and streams; MPI's nonblocking ops progress only inside MPI calls, so a rank that
      blocks on gloo or nccl (a blocking op, or a wait on a handle) while it has MPI ops in
      flight keeps calling MPI (a test of those requests, then a short sleep) until it can go
-     on. Without this a peer waiting for such an MPI op would wait for a rank that waits for
+     on (an op that gloo marks done only inside its wait() is waited on a helper thread
+     meanwhile: no test would ever see it done). Without this a peer waiting for such an MPI op would wait for a rank that waits for
      it on gloo: tests/mcr/scripts/cross_progress.py deadlocked that way. (The progress thread,
      `mcr.progress`, tests them too; the rule holds with it turned off.)
   Hence if every rank issues the same sequence, by induction the first incomplete op has been
@@ -31,7 +32,7 @@ import sys
 import time
 from collections import deque
 from datetime import timedelta
-from threading import Lock, get_ident
+from threading import Event, Lock, Thread, get_ident
 from typing import NamedTuple
 
 import torch
@@ -460,6 +461,27 @@ class Runtime:
             time.sleep(pause)
             pause = min(2 * pause, 1e-3)
 
+    def _wait_driving_aside(self, wait) -> None:
+        """Rule 3 for an op whose library marks it done only inside its own wait(): that wait runs
+        on a helper thread while this one keeps MPI moving. Polling its test instead would spin
+        until every MPI op finished, and one may need a peer that waits for this rank to go on
+        (tests/mcr/scripts/waited_only.py; across nodes it hung tests/cluster's random stress)."""
+        done, failed = Event(), []
+
+        def waiter():
+            try:
+                wait()
+            except BaseException as exc:  # raised here, on the caller's thread, under its watchdog
+                failed.append(exc)
+            finally:
+                done.set()
+
+        Thread(target=waiter, name="mcr-wait", daemon=True).start()
+        self._wait_driving(done.is_set)
+        done.wait()
+        if failed:
+            raise failed[0]
+
     def _run_chunked(self, route, group, tensor, reduce_op, async_op):
         """Large all-reduces run faster as a train of chunks (they stay in cache); each chunk is
         its own op on the same backend, in the same order on every rank. The comm log shows the
@@ -560,9 +582,13 @@ class Runtime:
                 thread = get_ident()
                 waits[thread] = op
             try:
-                if drives and self._driven:
+                if not (drives and self._driven):
+                    inner_wait()
+                elif handle.completes_alone:
                     self._wait_driving(inner_test)
-                inner_wait()
+                    inner_wait()
+                else:  # no test ever says done (gloo's send/recv, reduce-scatter): wait beside, not instead
+                    self._wait_driving_aside(inner_wait)
             except Exception as exc:
                 raise self._error(op, group, exc) from exc
             finally:

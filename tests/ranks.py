@@ -68,10 +68,8 @@ def clean_env() -> dict:
     return {k: v for k, v in os.environ.items() if k not in LAUNCHER_NAMES and not k.startswith(LAUNCHER_PREFIXES)}
 
 
-def run_ranks(
-    nprocs: int, target: list, launcher: str = "mpiexec", env: dict | None = None, timeout: float = 240
-) -> Result:
-    """`target` is what follows `python`: ["-m", "module", args...] or ["script.py", args...]."""
+def rank_env(env: dict | None = None) -> dict:
+    """What the ranks' launcher is given: a clean environment, the repository importable, `env` on top."""
     full_env = clean_env()
     full_env.update(
         {
@@ -84,6 +82,14 @@ def run_ranks(
         }
     )
     full_env.update(env or {})
+    return full_env
+
+
+def run_ranks(
+    nprocs: int, target: list, launcher: str = "mpiexec", env: dict | None = None, timeout: float = 240
+) -> Result:
+    """`target` is what follows `python`: ["-m", "module", args...] or ["script.py", args...]."""
+    full_env = rank_env(env)
     if launcher == "torchrun":
         if target[0] == "-m":
             target = ["--module"] + target[1:]

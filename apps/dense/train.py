@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 
@@ -170,7 +171,8 @@ def main(argv=None) -> dict:
         fields=LM_FIELDS,
     )
     c = groups.coords
-    placement = {"rank": rank, "stage": c.pp, "data": c.dp, "tensor": c.tp, "layers": held}
+    host = socket.gethostname()  # on a cluster: which node holds these layers (a TP group should share one)
+    placement = {"rank": rank, "host": host, "stage": c.pp, "data": c.dp, "tensor": c.tp, "layers": held}
     write_atomic(os.path.join(run_dir, "placement", f"rank{rank}.json"), json.dumps(placement))
     if rank == 0 and dims.pp_enabled:
         partition = {"method": cfg.parallel.partition, "parts": parts, "plan": plan}

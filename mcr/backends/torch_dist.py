@@ -27,6 +27,7 @@ _reduce_scatter_single = getattr(_CppBackend, "reduce_scatter_single", None) or 
 
 class TorchDistBackend(Backend):
     p2p_completes_alone = True  # the library marks a send/recv Work done without a wait
+    reduce_scatter_completes_alone = True  # ... and a reduce-scatter Work
 
     def __init__(self, store, rank: int, world_size: int, timeout_s: float):
         # rank and world size: each group's come with new_group()
@@ -103,10 +104,12 @@ class TorchDistBackend(Backend):
         return self._reduce_opts(self._reduce_scatter_opts, dist.ReduceScatterOptions, op)
 
     def reduce_scatter(self, g, output, input_list, op, async_op):
-        return self._handle_or_wait(g.reduce_scatter([output], [input_list], self._rs_opts(op)), async_op)
+        work = g.reduce_scatter([output], [input_list], self._rs_opts(op))
+        return self._completing(self._handle_or_wait(work, async_op), self.reduce_scatter_completes_alone)
 
     def reduce_scatter_tensor(self, g, output, input, op, async_op):
-        return self._handle_or_wait(_reduce_scatter_single(g, output, input, self._rs_opts(op)), async_op)
+        work = _reduce_scatter_single(g, output, input, self._rs_opts(op))
+        return self._completing(self._handle_or_wait(work, async_op), self.reduce_scatter_completes_alone)
 
     def all_to_all(self, g, output_list, input_list, async_op):
         return self._handle_or_wait(g.alltoall(output_list, input_list, self._all_to_all_opts), async_op)
@@ -127,7 +130,12 @@ class TorchDistBackend(Backend):
         return self._p2p(self._handle_or_wait(g.recv([tensor], src, tag), async_op))
 
     def _p2p(self, handle):
-        if handle is not None and not self.p2p_completes_alone:
+        return self._completing(handle, self.p2p_completes_alone)
+
+    @staticmethod
+    def _completing(handle, alone: bool):
+        """Mark an async handle whose Work the library sets done only inside its wait()."""
+        if handle is not None and not alone:
             handle.completes_alone = False
         return handle
 
@@ -138,6 +146,7 @@ class TorchDistBackend(Backend):
 class GlooBackend(TorchDistBackend):
     name = "gloo"
     p2p_completes_alone = False  # gloo marks a send/recv Work done only in its wait()
+    reduce_scatter_completes_alone = False  # its reduce-scatter Works too (torch 2.13; tests/mcr/test_robustness.py)
     devices = frozenset({"cpu"})
 
     def __init__(self, store, rank, world_size, timeout_s):

@@ -7,7 +7,9 @@ import subprocess
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 
+from launch.systems import REPO
 from tests.launch import slurm_cluster
 
 # Built once per venv (not per job): copied into each job's own TORCH_EXTENSIONS_DIR. Per venv,
@@ -55,3 +57,12 @@ def ops_cache():
         except OSError:  # another session finished first
             pass
     return OPS_CACHE
+
+
+def write_test_system(path: str, ops_cache: str) -> str:
+    """configs/systems/local.yaml with the pre-built ops cache and the CPU accelerator named."""
+    cfg = OmegaConf.load(os.path.join(REPO, "configs", "systems", "local.yaml"))
+    cfg.torch_extensions_cache = ops_cache
+    cfg.env.DS_ACCELERATOR = "cpu"
+    OmegaConf.save(cfg, path)
+    return str(path)

@@ -2,11 +2,13 @@
 
 Run by job scripts: `python -m tests.launch.probe [backends=B] [key=value ...]` (default gloo; the
 other overrides a job script appends for trainers, out_dir= and name=, are ignored). Every rank
-all-gathers (rank, local rank, local world size, node id from the launcher's view) over gloo,
-rendezvousing at the MASTER_ADDR/PORT the job script exported; rank 0 prints them.
+all-gathers (rank, local rank, local world size, world size from the launcher's view), its
+hostname and the rendezvous address its runtime really used (the store behind gloo), rendezvousing
+at the MASTER_ADDR/PORT the job script exported; rank 0 prints them, one line per rank.
 """
 
 import os
+import socket
 import sys
 
 import torch
@@ -14,17 +16,38 @@ import torch
 import mcr
 from mcr.env import discover, threads_per_rank
 
+WIDTH = 64  # bytes for each rank's hostname and rendezvous address
+
+
+def encoded(text: str) -> torch.Tensor:
+    return torch.tensor(list(text.encode()[:WIDTH].ljust(WIDTH, b"\0")), dtype=torch.uint8)
+
+
+def decoded(t: torch.Tensor) -> str:
+    return bytes(t.tolist()).rstrip(b"\0").decode()
+
+
 overrides = dict(arg.split("=", 1) for arg in sys.argv[1:])
 info = discover()
-mcr.init(backends=overrides.get("backends", "gloo"))
-mine = torch.tensor([info.rank, info.local_rank, info.local_world_size, mcr.get_world_size()], dtype=torch.int64)
-everyone = [torch.zeros(4, dtype=torch.int64) for _ in range(mcr.get_world_size())]
+rt = mcr.init(backends=overrides.get("backends", "gloo"))
+n = mcr.get_world_size()
+mine = torch.tensor([info.rank, info.local_rank, info.local_world_size, n], dtype=torch.int64)
+everyone = [torch.zeros(4, dtype=torch.int64) for _ in range(n)]
 mcr.all_gather(everyone, mine)
+store = rt.store.underlying_store
+where = torch.cat([encoded(socket.gethostname()), encoded(f"{store.host}:{store.port}")])
+places = [torch.zeros(2 * WIDTH, dtype=torch.uint8) for _ in range(n)]
+mcr.all_gather(places, where)
 if info.rank == 0:
     print(f"probe: launcher {info.launcher}; master {info.master_addr}:{info.master_port}", flush=True)
-    print(f"probe: backends {', '.join(mcr.runtime().backends)}", flush=True)
-    for row in everyone:
-        print("probe: rank {} local {} of {} world {}".format(*row.tolist()), flush=True)
+    print(f"probe: backends {', '.join(rt.backends)}", flush=True)
+    for row, place in zip(everyone, places):
+        host, rendezvous = decoded(place[:WIDTH]), decoded(place[WIDTH:])
+        print(
+            "probe: rank {} local {} of {} world {}".format(*row.tolist()),
+            f"host {host} rendezvous {rendezvous}",
+            flush=True,
+        )
     print(f"probe: threads {threads_per_rank(info.local_world_size)} (the trainers' rule)", flush=True)
     print(f"probe: mpi_yield_when_idle {os.environ.get('OMPI_MCA_mpi_yield_when_idle')}", flush=True)
 mcr.finalize()

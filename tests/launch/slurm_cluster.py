@@ -46,10 +46,14 @@ def free_ports(n: int) -> list[int]:
     return ports
 
 
-def slurm_conf(state: str, host: str, ports: list[int], cpus: int = CPUS) -> str:
+def slurm_conf(state: str, controller: str, ports: list[int], nodes: list[tuple[str, str, int]], tmpfs: str) -> str:
+    """`controller`: SlurmctldHost (a hostname, or host(address)); `nodes`: (name, address, CPUs) each;
+    every node's pid file, log and spool are named after it (%n) in the state dir."""
+    node_lines = "\n".join(f"NodeName={name} NodeAddr={addr} CPUs={cpus} State=UNKNOWN" for name, addr, cpus in nodes)
+    names = ",".join(name for name, _, _ in nodes)
     return f"""\
 ClusterName=mcrtest
-SlurmctldHost={host}
+SlurmctldHost={controller}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/none
@@ -68,56 +72,64 @@ ReturnToService=2
 SlurmctldPort={ports[0]}
 SlurmdPort={ports[1]}
 SlurmctldPidFile={state}/slurmctld.pid
-SlurmdPidFile={state}/slurmd.pid
+SlurmdPidFile={state}/slurmd-%n.pid
 SlurmctldLogFile={state}/slurmctld.log
-SlurmdLogFile={state}/slurmd.log
+SlurmdLogFile={state}/slurmd-%n.log
 StateSaveLocation={state}/ctld
-SlurmdSpoolDir={state}/spool
-TmpFS={state}/tmp
+SlurmdSpoolDir={state}/spool-%n
+TmpFS={tmpfs}
 SlurmdParameters=config_overrides
 KillWait=5
 MinJobAge=600
 InactiveLimit=0
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
-PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
+{node_lines}
+PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP
 """
 
 
 class Cluster:
+    """One node, this machine under its own hostname; tests/cluster builds a multi-node one on it."""
+
     def __init__(self, state: str):
         self.state = state
         self.host = socket.gethostname().split(".")[0]
         self.conf = os.path.join(state, "slurm.conf")
         self.env = dict(os.environ, SLURM_CONF=self.conf, PMIX_MCA_psec="native")
+        self.nodes = [self.host]
+
+    def config(self) -> str:
+        return slurm_conf(self.state, self.host, free_ports(2), [(self.host, "127.0.0.1", CPUS)], f"{self.state}/tmp")
 
     def start(self, deadline_s: float = 60) -> None:
-        for sub in ("ctld", "spool", "tmp"):
+        for sub in ("ctld", "tmp"):
             os.makedirs(os.path.join(self.state, sub), exist_ok=True)
         with open(self.conf, "w") as f:
-            f.write(slurm_conf(self.state, self.host, free_ports(2)))
+            f.write(self.config())
+        self.start_daemons()
+        self.wait_idle(deadline_s)
+
+    def start_daemons(self) -> None:
         subprocess.run(["slurmctld", "-c"], env=self.env, check=True)  # -c: clear any saved state
         subprocess.run(["slurmd"], env=self.env, check=True)
-        self.wait_idle(deadline_s)
 
     def wait_idle(self, deadline_s: float) -> None:
         end = time.monotonic() + deadline_s
-        state = ""
+        states = []
         while time.monotonic() < end:
-            out = self.run("sinfo", "-h", "-N", "-o", "%T", check=False)
-            state = out.stdout.strip()
-            if state == "idle":
+            out = self.run("sinfo", "-h", "-N", "-o", "%N %T", check=False)
+            states = sorted(out.stdout.split("\n")[:-1])
+            if states == [f"{node} idle" for node in sorted(self.nodes)]:
                 return
             time.sleep(0.5)
         raise RuntimeError(
-            f"the test SLURM node is {state or 'not answering'!r} after {deadline_s} s; logs in {self.state}"
+            f"the test SLURM's nodes are {states or 'not answering'} after {deadline_s} s; logs in {self.state}"
         )
 
     def run(self, *cmd, check=True) -> subprocess.CompletedProcess:
-        return subprocess.run(cmd, env=self.env, check=check, text=True, capture_output=True)
+        return subprocess.run(cmd, env=self.env, check=check, text=True, capture_output=True, timeout=60)
 
     def stop(self) -> None:
-        for daemon in ("slurmd", "slurmctld"):
-            pid_file = os.path.join(self.state, f"{daemon}.pid")
+        for pid_file in glob.glob(os.path.join(self.state, "slurmd-*.pid")) + [f"{self.state}/slurmctld.pid"]:
             try:
                 with open(pid_file) as f:
                     pid = int(f.read().strip())

@@ -20,7 +20,7 @@ from launch.cli import app_names
 from launch.scripts import Job, write_script
 from launch.submit import job_state, submit, wait
 from launch.systems import REPO, load_system
-from tests.launch.conftest import OPS_CACHE
+from tests.launch.conftest import OPS_CACHE, write_test_system
 
 APPS = [a for a in app_names() if os.path.isfile(os.path.join(REPO, "configs", a, "tiny.yaml"))]  # every trainer
 LAUNCH = f"import sys; sys.path.insert(0, {REPO!r}); from launch.cli import main; sys.exit(main())"
@@ -29,13 +29,7 @@ DEADLINE_S = 420  # one tiny job takes about a minute on this machine when it is
 
 @pytest.fixture(scope="session")
 def system(slurm, ops_cache, tmp_path_factory):
-    """configs/systems/local.yaml with the pre-built ops cache and the CPU accelerator named."""
-    cfg = OmegaConf.load(os.path.join(REPO, "configs", "systems", "local.yaml"))
-    cfg.torch_extensions_cache = ops_cache
-    cfg.env.DS_ACCELERATOR = "cpu"
-    path = tmp_path_factory.mktemp("system") / "local-test.yaml"
-    OmegaConf.save(cfg, path)
-    return str(path)
+    return write_test_system(tmp_path_factory.mktemp("system") / "local-test.yaml", ops_cache)
 
 
 def launch(slurm, cwd, *args) -> str:

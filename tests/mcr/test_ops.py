@@ -10,10 +10,10 @@ from tests.ranks import run_script
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 
-def expected_checks(rank: int, nprocs: int, num_backends: int) -> int:
+def expected_checks(rank: int, nprocs: int, num_backends: int, groups=()) -> int:
     """How many results check_ops.py compares on `rank`: one per op and tensor, counted here
-    from the script's plan (world, the subgroup {0, odd ranks}, a singleton) so that a skipped
-    op or a lost comparison fails the test."""
+    from the script's plan (world, the subgroup {0, odd ranks}, a singleton, and the `groups`
+    given on its command line) so that a skipped op or a lost comparison fails the test."""
 
     def per_group(ranks):
         g, last = len(ranks), rank == ranks[-1]  # ranks[-1] is the root of reduce and gather
@@ -26,7 +26,8 @@ def expected_checks(rank: int, nprocs: int, num_backends: int) -> int:
         return 2 * (num_backends + 1) * per_backend  # sync and async, each backend and the automatic choice
 
     sub = sorted({0} | set(range(1, nprocs, 2)))
-    return per_group(list(range(nprocs))) + (per_group(sub) if rank in sub else 0) + per_group([rank])
+    extra = sum(per_group(sorted(g)) for g in groups if rank in g)
+    return per_group(list(range(nprocs))) + (per_group(sub) if rank in sub else 0) + per_group([rank]) + extra
 
 
 @pytest.mark.parametrize(

@@ -66,6 +66,14 @@ def test_a_rank_blocked_in_gloo_keeps_its_async_mpi_ops_moving():
     assert out.count("cross progress OK") == 2 and out.count(": OK") == 8, out[-3000:]
 
 
+def test_a_wait_no_test_can_finish_does_not_hang_on_a_pending_mpi_receive():
+    # torch's gloo marks its reduce-scatter and send/recv Works done only inside wait(): polling
+    # them while an MPI receive is pending spun until that receive, which needs this rank to go on
+    env = {"MCR_WATCHDOG_TIMEOUT": "60"}
+    out = run_script(2, os.path.join(SCRIPTS, "waited_only.py"), env=env, timeout=180).check().output
+    assert out.count("waited only OK") == 2 and out.count("pending: OK") == 4, out[-3000:]
+
+
 def run_hang(fault, wait, backend, launcher="mpiexec", watchdog_s=10):
     """hang.py under `launcher`; returns the result and the seconds from rank 1's fault to the job's end."""
     script = os.path.join(SCRIPTS, "hang.py")

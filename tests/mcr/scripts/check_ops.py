@@ -1,7 +1,13 @@
 """Run on every rank: every op on every available backend and on the automatic choice, for
-each dtype and reduce op, checked against a reference computed locally from known inputs."""
+each dtype and reduce op, checked against a reference computed locally from known inputs.
+
+Usage: check_ops.py [RANKS ...]: groups beyond the world, the subgroup and the singletons,
+each given as comma-separated ranks (e.g. `0,1 2,3 1,2`: each node's ranks, and a pair across
+nodes); every rank creates each one, its members run the ops on it."""
 
 import itertools
+import socket
+import sys
 
 import torch
 
@@ -18,8 +24,9 @@ checked = 0
 
 
 def value(r, dtype, numel=5):
-    """Rank r's input: small integers so every reduction is exact in every dtype."""
-    return (torch.arange(numel) % 3 + r + 1).to(dtype)
+    """Rank r's input: distinct per rank and element, small integers so every reduction is
+    exact in every dtype (products of 4 ranks' values stay within float16's integers)."""
+    return (torch.arange(numel) + r + 1).to(dtype)
 
 
 def reference(op, dtype, ranks):
@@ -154,6 +161,10 @@ if rank in sub_ranks:
     run(sub, sub_ranks)
 solo = [mcr.new_group([r]) for r in range(n)][rank]
 run(solo, [rank])
+for ranks in [sorted(int(r) for r in arg.split(",")) for arg in sys.argv[1:]]:
+    group = mcr.new_group(ranks)
+    if rank in ranks:
+        run(group, ranks)
 mcr.barrier()
-print(f"rank {rank}: OK {checked} checks on backends {list(rt.backends)}", flush=True)
+print(f"rank {rank}: OK {checked} checks on backends {list(rt.backends)} on {socket.gethostname()}", flush=True)
 mcr.finalize()

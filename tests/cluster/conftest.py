@@ -1,0 +1,56 @@
+"""Session fixtures: one emulated cluster of 2 nodes x 2 ranks (tests/cluster/nodes.py) with a
+multi-node SLURM on it, shared by every test here and removed at the end, failed tests or not.
+
+Elsewhere than as root they skip, naming what is missing; as root (CI runs the suite as root
+and installs SLURM) a missing piece fails them, as the single-node SLURM tests do.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from tests.cluster.nodes import Cluster, missing
+from tests.cluster.slurm import ClusterSlurm
+from tests.launch import slurm_cluster
+from tests.launch.conftest import ops_cache, write_test_system  # noqa: F401 (ops_cache: a fixture used here)
+from tests.ranks import REPO
+
+NODES, RANKS_PER_NODE = 2, 2
+
+
+def require_cluster(slurm: bool = True) -> None:
+    why = missing() or (slurm_cluster.missing() if slurm else None)
+    if why:
+        if os.geteuid() == 0:  # CI: root, with SLURM installed by `make slurm-deps`
+            pytest.fail(why)
+        pytest.skip(why)
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory):
+    """node1, node2 (and head); every test's tmp_path, the checkout and the venv are visible on
+    each node at the same path (they may lie under /tmp, which each node has its own of)."""
+    require_cluster()
+    shared = [str(tmp_path_factory.getbasetemp()), REPO, sys.prefix]
+    nodes = Cluster(str(tmp_path_factory.mktemp("cluster")), NODES, RANKS_PER_NODE, shared=shared)
+    try:
+        yield nodes.up()
+    finally:
+        nodes.down()
+
+
+@pytest.fixture(scope="session")
+def cluster_slurm(cluster):
+    """slurmctld on head, a slurmd per node; the cluster's teardown ends them with everything else."""
+    slurm = ClusterSlurm(cluster)
+    slurm.start()
+    return slurm
+
+
+@pytest.fixture(scope="session")
+def cluster_system(cluster_slurm, ops_cache, tmp_path_factory):  # noqa: F811
+    """The `local` system (2 ranks a node) for `launch submit` on the cluster."""
+    return write_test_system(tmp_path_factory.mktemp("system") / "local-test.yaml", ops_cache)
