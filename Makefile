@@ -11,7 +11,7 @@ export WANDB_MODE ?= offline
 # rebuild over each other or wait on each other's lock (~/.cache/torch_extensions is shared)
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
 
-.PHONY: setup run test lint bench tune compare clean slurm-deps
+.PHONY: setup run test lint bench tune compare clean slurm-deps conformance
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,18 @@ bench: setup
 APP ?= moe
 compare: setup  # `make compare APP=dense|dlrm` for the other trainers
 	$(PY) -m apps.common.compare --app $(APP) -n 2 --repeats 3
+
+# torch's own c10d suite on backend "mcr" (tests/conformance): spawned ranks (gloo routes) at 2, 3,
+# 4 and 8 ranks, then the same tests in an MPI world (MPI routes); `make test` runs both at 2 ranks.
+CONFORMANCE_RANKS ?= 2 3 4 8
+conformance: setup
+	mkdir -p runs/conformance
+	set -e; for n in $(CONFORMANCE_RANKS); do \
+		WORLD_SIZE=$$n $(PY) -m pytest -q -p no:cacheprovider tests/conformance --ignore=tests/conformance/test_mpi_world.py \
+			--junitxml=runs/conformance/spawn-$$n.xml || status=1; \
+		$(PY) -m tests.conformance.mpi_world -n $$n > runs/conformance/mpi-world-$$n.txt || status=1; \
+		head -1 runs/conformance/mpi-world-$$n.txt; tail -1 runs/conformance/mpi-world-$$n.txt; \
+	done; $(PY) -m tests.conformance.summary runs/conformance/spawn-*.xml; exit $${status:-0}
 
 tune: setup
 	$(PY) -m launch.local -n 2 -m mcr.tune --out runs/tuning/table.yaml

@@ -113,6 +113,7 @@ class Runtime:
         self.watchdog = Watchdog(info.rank, cfg.watchdog_timeout_s) if cfg.watchdog_timeout_s > 0 else None
         self._waits = self.watchdog.waits if self.watchdog is not None else None
         self._choices = {}
+        self._forced = None  # force_backend()
         self._warned = set()
         # In flight must mean alive: every async op's handle (its request and buffers) until the
         # op has completed, whatever the caller does with it. Entries are (communicator, handle);
@@ -305,6 +306,14 @@ class Runtime:
         return None
 
     # --- step 2: choose ------------------------------------------------------------------------
+    def force_backend(self, name: str | None) -> None:
+        """Run every op that follows on backend `name`, or (None) choose again as configured.
+        For benchmarks that compare backends inside one job; every rank must call it alike."""
+        if name is not None:
+            self._require(name, "force_backend", "asked for by force_backend()")
+        self._forced = name
+        self._choices.clear()
+
     def choose(self, family, nbytes, group, dtype, device_type, explicit=None, reduce_op=None):
         """(backend, chunk_bytes) for this call; the same on every rank of the group."""
         return self.route(family, nbytes, group, dtype, device_type, explicit, reduce_op)[:2]
@@ -329,6 +338,8 @@ class Runtime:
         if explicit is not None:
             name, why = explicit, "asked for by backend="
             self._require(name, family, why)
+        elif self._forced is not None:
+            name, why = self._forced, "forced by force_backend()"
         elif self.cfg.overrides.get(family, "auto") != "auto":
             name, why = self.cfg.overrides[family], f"the override for {family}"
             self._require(name, family, why)
