@@ -6,9 +6,9 @@ from collections.abc import Hashable
 
 
 class Group:
-    __slots__ = ("gid", "ranks", "rank", "size", "comms", "_to_group_rank")
+    __slots__ = ("gid", "ranks", "rank", "size", "comms", "shape", "_to_group_rank")
 
-    def __init__(self, gid: Hashable, ranks, my_global_rank: int):
+    def __init__(self, gid: Hashable, ranks, my_global_rank: int, shape=None):
         # the group's key in the choice cache and the tuner: an int for groups the runtime numbers
         # (0: the world), ("torch", name) for groups torch.distributed creates (mcr.hooks)
         self.gid = gid
@@ -17,6 +17,14 @@ class Group:
         self._to_group_rank = {r: i for i, r in enumerate(self.ranks)}
         self.rank = self._to_group_rank.get(my_global_rank, -1)  # -1: this rank is not a member
         self.comms = {}  # backend name -> that backend's group object
+        # nodes spanned and ranks per node (`mcr.topology.Shape`): the tuning table's key beside
+        # the size, and what node-aware candidates need; None where no topology was given
+        self.shape = shape
+
+    @property
+    def nodes(self):
+        """How many nodes the group spans (None: unknown)."""
+        return self.shape.nodes if self.shape is not None else None
 
     @property
     def is_member(self) -> bool:

@@ -51,6 +51,7 @@ from .group import Group
 from .handle import Handle
 from .ops import dtype_name
 from .progress import ProgressThread
+from .topology import Topology
 from .tuning.candidates import label
 from .tuning.table import Choice, TuningTable
 from .watchdog import Watchdog
@@ -95,10 +96,15 @@ class Runtime:
         self.backends = {}
         self.unavailable = {}  # backend name -> why it cannot run here
         wanted = [b.strip() for b in cfg.backends.split(",")]
-        table = self._read_table(cfg, info)
+        table = self._read_table(cfg)
 
         mpi = self._try("mpi", wanted, lambda: MPIBackend(info))
         self.store = store if store is not None else self._make_store(info, mpi, self.unavailable.get("mpi"))
+        # every rank's node, once: from the hostnames, whatever the launcher said about local ranks
+        hosts = launch_env.hosts_by_rank(self.store, info.rank, info.world_size) if info.world_size > 1 else None
+        self.topology = Topology(hosts or [socket.gethostname()])
+        self.shape = self.topology.shape()
+        table = self._fit_table(table, cfg)  # before gloo starts: a refused table stops every rank alike
         timeout_s = op_timeout_s or cfg.watchdog_timeout_s
         self._try("gloo", wanted, lambda: GlooBackend(self.store, info.rank, info.world_size, timeout_s))
         self._try("nccl", wanted, lambda: NcclBackend(self.store, info.rank, info.world_size, timeout_s))
@@ -133,14 +139,16 @@ class Runtime:
             self._abort_job_on_uncaught_exception()
         if self.rank == 0:
             self._check_huge_pages()
+            self._check_local_size()
             have = ", ".join(f"{n} ({b.version()})" for n, b in self.backends.items())
             missing = "; ".join(f"{n}: {why}" for n, why in self.unavailable.items())
             log.info(
-                "mcr: %d ranks via %s; backends %s%s",
-                info.world_size,
+                "mcr: %s via %s; backends %s%s; %s",
+                self.shape,
                 info.launcher,
                 have,
                 f"; unavailable: {missing}" if missing else "",
+                self._table_text(),
             )
 
     # --- start-up ------------------------------------------------------------------------------
@@ -153,6 +161,28 @@ class Runtime:
                 hugepages.ENV,
                 hugepages.ENV,
             )
+
+    def _check_local_size(self):
+        """The hostnames decide which ranks share a node; say so when the launcher thinks otherwise
+        (containers that all call themselves `localhost`, a wrong LOCAL_WORLD_SIZE)."""
+        mine = self.topology.hosts.count(self.topology.hosts[self.rank])
+        if mine != self.info.local_world_size:
+            log.warning(
+                "mcr: %s says %d ranks share this node, but %d ranks have its hostname %r; mcr goes by the hostnames "
+                "(the node-aware collectives and the tuning table's shape)",
+                self.info.launcher,
+                self.info.local_world_size,
+                mine,
+                self.topology.hosts[self.rank],
+            )
+
+    def _table_text(self) -> str:
+        table = self.table
+        if table is None:
+            return "no tuning table"
+        if table.online:
+            return f"tuning online ({table.path})"
+        return f"tuning table {table.path} (measured for {table.shape_text()})"
 
     def _try(self, name, wanted, make):
         if name not in wanted:
@@ -230,17 +260,24 @@ class Runtime:
         return ProgressThread(self, self._waits)
 
     @staticmethod
-    def _read_table(cfg, info):
-        """A table file is read and checked before any backend starts, so a refused table
-        stops every rank the same way instead of leaving peers mid-handshake."""
+    def _read_table(cfg):
+        """A table file is read before any backend starts, so a missing or malformed one stops
+        every rank the same way instead of leaving peers mid-handshake."""
         if cfg.tuning is None or cfg.tuning == "auto":
             return None
-        table = TuningTable.load(cfg.tuning)
+        return TuningTable.load(cfg.tuning)
+
+    def _fit_table(self, table, cfg):
+        """The table checked against this job's shape (ranks, nodes, ranks per node), which every
+        rank knows alike once the hostnames are exchanged; or, with tuning_predict, reshaped."""
+        if table is None:
+            return None
+        shape = self.shape
         if cfg.tuning_predict:  # another scale or machine: this job's group size through the model
             from .tuning.model import predict_table
 
-            return predict_table(table, info.world_size, info.local_world_size)
-        table.check_fits(info.world_size, ranks_per_node=info.local_world_size)
+            return predict_table(table, shape.ranks, shape.per_node, nodes=shape.nodes)
+        table.check_fits(shape.ranks, ranks_per_node=shape.per_node, nodes=shape.nodes)
         return table
 
     def _online_tuner(self, cfg):
@@ -256,7 +293,7 @@ class Runtime:
         bad = [r for r in ranks if not 0 <= r < self.world_size]
         if bad:
             raise ValueError(f"new_group: ranks {bad or ranks} are not in the world of {self.world_size} ranks")
-        group = Group(self._next_gid, ranks, self.rank)
+        group = Group(self._next_gid, ranks, self.rank, self.topology.shape(ranks))
         self._next_gid += 1
         for name, backend in self.backends.items():
             comm = backend.new_group(group.gid, ranks, group.rank)
@@ -350,7 +387,7 @@ class Runtime:
             elif table.online:  # may measure the candidates now, together with the group
                 entry = table.decide(family, nbytes, group, dtype, device_type, reduce_op)
             else:
-                entry = table.lookup(family, nbytes, group.size, dtype_name(dtype))
+                entry = table.lookup(family, nbytes, group.size, dtype_name(dtype), group.nodes)
             if entry is not None:
                 name, chunk, why = entry.backend, entry.chunk_bytes, f"the tuning table {self.table.path}"
             elif self.cfg.backend != "auto":
@@ -395,7 +432,7 @@ class Runtime:
         """Where message sizes legitimately differ across ranks (uneven all-to-all), the choice
         is made on the largest size in the group, which every rank learns through one small
         all-reduce. It is skipped when the choice for this op cannot depend on the size."""
-        if self.table is None or not self.table.depends_on_size(family, group.size):
+        if self.table is None or not self.table.depends_on_size(family, group.size, group.nodes):
             return nbytes
         size = torch.tensor([nbytes], dtype=torch.int64)
         self.call("all_reduce", "all_reduce", 8, group, size, None, False, (size, "max"), "max")

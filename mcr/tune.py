@@ -99,15 +99,6 @@ def measure_curve(op, sizes, choices, dtype, group, iters, warmup, rounds, margi
     return curve
 
 
-def gather_hostnames(world_size) -> list:
-    name = socket.gethostname().encode()[:64].ljust(64, b"\0")
-    mine = torch.frombuffer(bytearray(name), dtype=torch.uint8)
-    everyone = torch.empty(64 * world_size, dtype=torch.uint8)
-    api.all_gather_into_tensor(everyone, mine)
-    raw = bytes(everyone.tolist())
-    return [raw[i * 64 : (i + 1) * 64].rstrip(b"\0").decode() for i in range(world_size)]
-
-
 def share_from_rank0(obj):
     """Rank 0's object on every rank (curves of subgroups that some ranks sat out)."""
     data = pickle.dumps(obj) if api.get_rank() == 0 else b""
@@ -200,7 +191,7 @@ def main(argv=None) -> int:
     rt = api.init(tuning=None)  # measure the backends themselves, not a previous table's choice
     world, rank = rt.world_size, rt.rank
     if add_to is not None:
-        add_to.check_fits(world)
+        add_to.check_fits(world, ranks_per_node=rt.shape.per_node, nodes=rt.shape.nodes)
     if world < 2:
         parser.error(
             "there is nothing to tune on 1 rank; launch it on the ranks of the job, e.g. "
@@ -229,7 +220,6 @@ def main(argv=None) -> int:
     used = model_sizes(args.sizes_from) if args.sizes_from else {}
     out_path = args.out.format(host=socket.gethostname(), world=world, rank=rank)
 
-    hostnames = gather_hostnames(world)
     log(
         f"mcr.tune: {world} ranks, backends {', '.join(preferred)}, ops {', '.join(ops)}, "
         f"{len(base)} sizes {base[0]} B .. {base[-1]} B, chunks {args.chunks or 'none'}"
@@ -252,7 +242,7 @@ def main(argv=None) -> int:
     if group_sizes != [world]:
         curves = share_from_rank0(curves)
     order_by_op = {op: [cands.label(c) for c in cands.for_op(op, preferred, chunks)] for op in ops}
-    table = build_table(fingerprint(rt, hostnames), curves, args.margin, order_by_op, add_to)
+    table = build_table(fingerprint(rt), curves, args.margin, order_by_op, add_to)
     log(f"measured in {time.perf_counter() - started:.0f} s\n")
     log(summary(table))
     if rank == 0 or "{rank}" in args.out:

@@ -309,7 +309,7 @@ def _world_runtime(opts, pg_options):
 
 def _member_group(rt, name: str, ranks, timeout) -> Group:
     """An mcr group built by its members alone (torch never calls non-members)."""
-    group = Group(("torch", name), ranks, rt.rank)
+    group = Group(("torch", name), ranks, rt.rank, rt.topology.shape(ranks))
     for backend_name, backend in rt.backends.items():
         if backend_name == "mpi":
             group.comms["mpi"] = backend.member_group(ranks)

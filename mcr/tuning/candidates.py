@@ -1,15 +1,20 @@
-"""Candidates: the ways an op can be carried out, named like `mpi`, `gloo` or `mpi/chunk=1M`.
+"""Candidates: the ways an op can be carried out, named like `mpi`, `gloo`, `mpi/chunk=1M` or
+`node:mpi+gloo`.
 
-A candidate is a backend plus how it runs the op (today: a chunk size for all-reduce, which
-`mcr.api` runs as a train of chunks). Labels are what the tuning table, the plots and the report
-show; `Choice` is what the runtime acts on.
+A candidate is a backend plus how it runs the op: whole; as a train of chunks (all-reduce,
+`mpi/chunk=1M`); or node-aware (`node:INTRA+INTER`: the phases inside each node on INTRA, the
+phase between nodes on INTER; `mcr.node_aware`), for the ops in NODE_AWARE_OPS on groups with
+the same number of ranks on each of several nodes. Labels are what the tuning table, the plots,
+the report and the comm log show; `Choice` is what the runtime acts on.
 """
 
 from __future__ import annotations
 
 from .table import Choice
 
-CHUNKABLE_OPS = ("all_reduce",)  # ops the runtime can run in chunks (mcr.api._chunked_all_reduce)
+CHUNKABLE_OPS = ("all_reduce",)  # ops the runtime can run in chunks (Runtime._run_chunked)
+NODE_AWARE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")  # mcr.node_aware
+NODE_PREFIX = "node:"
 _UNITS = (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10))
 
 
@@ -33,10 +38,17 @@ def parse_bytes(text) -> int:
 
 
 def label(choice: Choice) -> str:
+    if choice.inter:
+        return f"{NODE_PREFIX}{choice.backend}+{choice.inter}"
     return choice.backend if not choice.chunk_bytes else f"{choice.backend}/chunk={short_bytes(choice.chunk_bytes)}"
 
 
 def parse_label(text: str) -> Choice:
+    if text.startswith(NODE_PREFIX):
+        intra, plus, inter = text[len(NODE_PREFIX) :].partition("+")
+        if not (intra and plus and inter) or "/" in intra + inter:
+            raise ValueError(f"bad candidate {text!r}; a node-aware one is node:INTRA+INTER, e.g. node:mpi+gloo")
+        return Choice(intra, 0, inter)
     backend, _, how = text.partition("/")
     if not how:
         return Choice(backend)
@@ -46,15 +58,22 @@ def parse_label(text: str) -> Choice:
     return Choice(backend, parse_bytes(value))
 
 
+def is_node_aware(text: str) -> bool:
+    return text.startswith(NODE_PREFIX)
+
+
 def applies(choice: Choice, nbytes: int) -> bool:
     """A chunked candidate is only worth measuring where it makes at least two chunks."""
     return choice.chunk_bytes == 0 or nbytes >= 2 * choice.chunk_bytes
 
 
-def for_op(op: str, backends, chunks=()) -> list:
+def for_op(op: str, backends, chunks=(), node_aware=False) -> list:
     """Candidates for one op, in order of preference on ties: plain backends in the given
-    order (the runtime's built-in order first), then chunked variants."""
-    plain = [Choice(b) for b in backends]
-    if op not in CHUNKABLE_OPS:
-        return plain
-    return plain + [Choice(b, c) for b in backends for c in chunks]
+    order (the runtime's built-in order first), then chunked variants, then (`node_aware`: the
+    group spans several nodes with several ranks on each) every intra+inter pair of backends."""
+    out = [Choice(b) for b in backends]
+    if op in CHUNKABLE_OPS:
+        out += [Choice(b, c) for b in backends for c in chunks]
+    if node_aware and op in NODE_AWARE_OPS:
+        out += [Choice(intra, 0, inter) for intra in backends for inter in backends]
+    return out

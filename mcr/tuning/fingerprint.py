@@ -20,15 +20,18 @@ def hostname_pattern(hostnames) -> str:
 
 
 def fingerprint(rt, hostnames=None) -> dict:
-    """`hostnames`: every rank's host (gathered by the caller); this rank's when not given."""
+    """The job's machine and shape. `hostnames`: every rank's host (default: those the runtime
+    learned at start-up)."""
     import mcr
 
     versions = {name: str(backend.version()) for name, backend in sorted(rt.backends.items())}
     versions["torch"] = str(torch.__version__)
     versions["mcr"] = str(mcr.__version__)
+    shape = rt.shape
     return {
-        "hostname": hostname_pattern(hostnames or [socket.gethostname()]),
+        "hostname": hostname_pattern(hostnames or rt.topology.hosts or [socket.gethostname()]),
         "world_size": rt.world_size,
-        "ranks_per_node": rt.info.local_world_size,
+        "nodes": shape.nodes,
+        "ranks_per_node": shape.per_node,  # None: the nodes held different numbers of ranks
         "versions": versions,
     }

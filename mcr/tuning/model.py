@@ -104,10 +104,12 @@ def _source(curves, op, dtype, n):
 
 
 def predict_table(
-    table: TuningTable, world_size: int, ranks_per_node=None, margin: float = DEFAULT_MARGIN
+    table: TuningTable, world_size: int, ranks_per_node=None, margin: float = DEFAULT_MARGIN, nodes=None
 ) -> TuningTable:
     """The table for a job of `world_size` ranks: measured entries of group sizes that exist in
-    the table are kept; the group of `world_size` gets entries predicted by the model."""
+    the table are kept; the group of `world_size` gets entries predicted by the model. The
+    model scales group sizes only: a table from one node used on several (tuning_predict) keeps
+    its one-node choices."""
     if table.fingerprint.get("world_size") in (None, world_size):
         return table
     measured_sizes = {c.group_size for c in table.curves if not c.predicted}
@@ -123,6 +125,8 @@ def predict_table(
     fp["world_size"] = world_size
     if ranks_per_node is not None:
         fp["ranks_per_node"] = ranks_per_node
+    if nodes is not None:
+        fp["nodes"] = nodes
     keys = sorted({(c.op, c.dtype) for c in table.curves if not c.predicted})
     new_curves = [predict_curve(_source(table.curves, op, dtype, world_size), world_size) for op, dtype in keys]
     entries = [e for e in table.entries if e.group_size != world_size]

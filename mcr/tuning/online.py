@@ -76,7 +76,7 @@ class OnlineTuner:
             self.table().save(self.save_path)
         return winner
 
-    def depends_on_size(self, op, group_size) -> bool:
+    def depends_on_size(self, op, group_size, nodes=None) -> bool:
         return op in TUNABLE_ONLINE  # not known before the sizes are met
 
     # --- measuring ---------------------------------------------------------------------------

@@ -2,12 +2,16 @@
 
     format: mcr-tuning-table
     version: 1
-    fingerprint: {hostname: "node*", world_size: 2, ranks_per_node: 2, versions: {...}}
+    fingerprint: {hostname: "node*", world_size: 4, nodes: 2, ranks_per_node: 2, versions: {...}}
     entries:
-      - {op: all_reduce, group_size: 2, dtype: any, min_bytes: 0, max_bytes: 65536,
+      - {op: all_reduce, group_size: 4, nodes: 2, dtype: any, min_bytes: 0, max_bytes: 65536,
          backend: mpi, chunk_bytes: 0, predicted: false, latency_us: {mpi: 2.1, gloo: 170.0}}
 
-`max_bytes` is exclusive (null: no upper bound); `dtype` is a torch dtype name or `any`.
+`max_bytes` is exclusive (null: no upper bound); `dtype` is a torch dtype name or `any`. `nodes`
+(absent: any) is the number of nodes the group spans: a group of 2 ranks inside a node and one
+across two nodes are different groups to a table measured on several nodes. A node-aware entry
+names its inter-node backend too (`backend: mpi, inter: gloo` is the candidate `node:mpi+gloo`:
+intra-node phases on MPI, the inter-node phase on gloo; `mcr.tuning.candidates`).
 `latency_us` keeps every candidate's measurement beside the choice so a reader can see why; a
 merged entry shows them at its largest measured size, `latency_at_bytes`. `predicted: true`
 marks an entry the performance model decided (a crossover between measured sizes, or another
@@ -40,8 +44,13 @@ VERSION = 1
 
 @dataclass(frozen=True)
 class Choice:
-    backend: str
+    backend: str  # the backend; for a node-aware candidate, the one of the intra-node phases
     chunk_bytes: int = 0  # > 0: run the op as a sequence of chunks of this size
+    inter: str = ""  # set: node-aware, the inter-node phase runs on this backend
+
+    @property
+    def node_aware(self) -> bool:
+        return bool(self.inter)
 
 
 @dataclass
@@ -56,10 +65,12 @@ class Entry:
     predicted: bool = False
     latency_us: Dict[str, float] = field(default_factory=dict)
     latency_at_bytes: Optional[int] = None  # the message size latency_us was measured at
+    nodes: Optional[int] = None  # the nodes the group spans; None: any
+    inter: str = ""  # node-aware: the inter-node phase's backend
 
     @property
     def choice(self) -> Choice:
-        return Choice(self.backend, self.chunk_bytes)
+        return Choice(self.backend, self.chunk_bytes, self.inter)
 
 
 @dataclass
@@ -73,6 +84,7 @@ class Curve:
     bytes: List[int]
     latency_us: Dict[str, List[Optional[float]]]
     predicted: bool = False
+    nodes: Optional[int] = None  # the nodes the measured group spanned
 
 
 @dataclass
@@ -85,6 +97,7 @@ class Fit:
     alpha_us: float
     beta_us_per_MiB: float  # noqa: N815  (the tuning-table YAML key; MiB is the unit)
     predicted: bool = False
+    nodes: Optional[int] = None
 
     def latency_us(self, nbytes: int) -> float:
         return self.alpha_us + self.beta_us_per_MiB * nbytes / (1 << 20)
@@ -92,6 +105,15 @@ class Fit:
 
 class TuningTableError(ValueError):
     pass
+
+
+def _record(row) -> dict:
+    """A row as the file holds it: fields older tables never had (nodes, inter) only where set."""
+    out = asdict(row)
+    for key in ("nodes", "inter"):
+        if key in out and not out[key]:
+            del out[key]
+    return out
 
 
 @dataclass
@@ -104,15 +126,22 @@ class TuningTable:
     online: ClassVar[bool] = False  # a fixed table; mcr.tuning.online.OnlineTuner learns one
 
     def __post_init__(self):
-        # (op, group_size, dtype) -> (sorted lower bounds, entries) for a bisect per lookup
+        # (op, group_size, nodes, dtype) -> (sorted lower bounds, entries) for a bisect per lookup
         self._index = {}
         for e in sorted(self.entries, key=lambda e: e.min_bytes):
-            lows, rows = self._index.setdefault((e.op, e.group_size, e.dtype), ([], []))
+            lows, rows = self._index.setdefault((e.op, e.group_size, e.nodes, e.dtype), ([], []))
             lows.append(e.min_bytes)
             rows.append(e)
 
-    def lookup(self, op: str, nbytes: int, group_size: int, dtype: str) -> Optional[Choice]:
-        for key in ((op, group_size, dtype), (op, group_size, "any")):
+    def lookup(
+        self, op: str, nbytes: int, group_size: int, dtype: str, nodes: Optional[int] = None
+    ) -> Optional[Choice]:
+        """The choice for a group of `group_size` ranks on `nodes` nodes: an entry for that shape,
+        else one for any shape (tables measured on one node, or before nodes were recorded)."""
+        keys = [(op, group_size, None, dtype), (op, group_size, None, "any")]
+        if nodes is not None:
+            keys[:0] = [(op, group_size, nodes, dtype), (op, group_size, nodes, "any")]
+        for key in keys:
             found = self._index.get(key)
             if found is None:
                 continue
@@ -126,9 +155,11 @@ class TuningTable:
     def device(self) -> str:
         return self.fingerprint.get("device", "cpu")
 
-    def depends_on_size(self, op: str, group_size: int) -> bool:
-        """True when this op's choice differs between message sizes at this group size."""
-        choices = {e.choice for e in self.entries if e.op == op and e.group_size == group_size}
+    def depends_on_size(self, op: str, group_size: int, nodes: Optional[int] = None) -> bool:
+        """True when this op's choice differs between message sizes for this group shape."""
+        choices = {
+            e.choice for e in self.entries if e.op == op and e.group_size == group_size and e.nodes in (None, nodes)
+        }
         return len(choices) > 1
 
     def backends(self) -> set:
@@ -140,9 +171,9 @@ class TuningTable:
             "format": FORMAT,
             "version": VERSION,
             "fingerprint": self.fingerprint,
-            "entries": [asdict(e) for e in self.entries],
-            **({"curves": [asdict(c) for c in self.curves]} if self.curves else {}),
-            **({"model": [asdict(m) for m in self.model]} if self.model else {}),
+            "entries": [_record(e) for e in self.entries],
+            **({"curves": [_record(c) for c in self.curves]} if self.curves else {}),
+            **({"model": [_record(m) for m in self.model]} if self.model else {}),
         }
 
     def save(self, path: str) -> None:
@@ -176,18 +207,33 @@ class TuningTable:
             raise TuningTableError(f"{path}: bad entry ({exc})") from None
         return cls(fingerprint=data.get("fingerprint") or {}, entries=entries, path=path, curves=curves, model=model)
 
-    def check_fits(self, world_size: int, hostname: Optional[str] = None, ranks_per_node: Optional[int] = None) -> None:
-        """Refuse a table measured for another job shape or machine."""
+    def check_fits(
+        self,
+        world_size: int,
+        hostname: Optional[str] = None,
+        ranks_per_node: Optional[int] = None,
+        nodes: Optional[int] = None,
+    ) -> None:
+        """Refuse a table measured for another job shape (ranks, nodes, ranks per node) or machine.
+        `ranks_per_node` None with `nodes` given: this job's nodes hold different numbers of ranks."""
         fp = self.fingerprint
         if fp.get("world_size") not in (None, world_size):
             raise TuningTableError(
                 f"tuning table {self.path} was measured on {fp['world_size']} ranks but this job has {world_size}; "
                 f"run `python -m mcr.tune` at this scale, or set tuning_predict=true to use its performance model"
             )
-        if ranks_per_node is not None and fp.get("ranks_per_node") not in (None, ranks_per_node):
+        if nodes is not None and fp.get("nodes") not in (None, nodes):
+            raise TuningTableError(
+                f"tuning table {self.path} was measured on {fp['nodes']} node(s) but this job runs on {nodes}; "
+                f"links inside and between nodes differ, so run `python -m mcr.tune` on {nodes} node(s) of this "
+                f"machine and use that table"
+            )
+        per_node_known = ranks_per_node is not None or nodes is not None
+        if per_node_known and fp.get("ranks_per_node") not in (None, ranks_per_node):
+            has = f"{ranks_per_node}" if ranks_per_node is not None else "different numbers of"
             raise TuningTableError(
                 f"tuning table {self.path} was measured with {fp['ranks_per_node']} ranks per node but this job has "
-                f"{ranks_per_node}; re-tune with this layout, or set tuning_predict=true to use it anyway"
+                f"{has} ranks per node; re-tune with this layout, or set tuning_predict=true to use it anyway"
             )
         pattern = fp.get("hostname")
         hostname = hostname or socket.gethostname()
@@ -196,3 +242,13 @@ class TuningTable:
                 f"tuning table {self.path} is for hosts matching {pattern!r}, this is {hostname!r}; "
                 f"re-tune here or widen the fingerprint's hostname pattern"
             )
+
+    def shape_text(self) -> str:
+        """The job shape the table was measured for, as the start-up line names it."""
+        fp = self.fingerprint
+        parts = [f"{fp['world_size']} ranks" if fp.get("world_size") else "any world size"]
+        if fp.get("nodes"):
+            parts.append(f"{fp['nodes']} node{'s' if fp['nodes'] > 1 else ''} x {fp.get('ranks_per_node', '?')}")
+        elif fp.get("ranks_per_node"):
+            parts.append(f"{fp['ranks_per_node']} ranks per node")
+        return ", ".join(parts)

@@ -180,7 +180,7 @@ def test_resume_under_torchrun_continues_the_uninterrupted_loss_curve(runs):
     assert [r["step"] for r in second] == list(range(1, STEPS + 1))  # metrics.jsonl appended on resume
     assert "resuming at step 3" in out_second
     # saved by ranks that talked over MPI (mpiexec, comm.backend=auto), read by ranks on gloo
-    assert "2 ranks via openmpi" in out_first and "2 ranks via torchrun" in out_second
+    assert "2 ranks, 1 node x 2 via openmpi" in out_first and "2 ranks, 1 node x 2 via torchrun" in out_second
     table_row = r"^all_to_all\s+{}\s"  # a row of mcr's comm table
     assert re.search(table_row.format("mpi"), out_first, re.M) and re.search(table_row.format("gloo"), out_second, re.M)
     assert not re.search(table_row.format("mpi"), out_second, re.M)
