@@ -13,14 +13,16 @@ from typing import Dict, Optional
 from omegaconf import OmegaConf
 
 from .ops import OP_FAMILIES
+from .tuning.candidates import NODE_PREFIX, parse_label
 
 KNOWN_BACKENDS = ("mpi", "gloo", "nccl")
 
 
 @dataclass
 class RuntimeConfig:
-    backend: str = "auto"  # default for every op: auto (tuning table, then built-in order) or a backend name
-    overrides: Dict[str, str] = field(default_factory=dict)  # op family -> backend
+    # default for every op: auto (tuning table, then built-in order), a backend name or node:INTRA+INTER
+    backend: str = "auto"
+    overrides: Dict[str, str] = field(default_factory=dict)  # op family -> backend (or node:INTRA+INTER)
     tuning: Optional[str] = None  # path of a tuning table written by `python -m mcr.tune`, or "auto"
     tuning_predict: bool = False  # accept a table from another world size through its performance model
     tuning_save: Optional[str] = None  # with tuning: auto, rank 0 writes the learned table here
@@ -36,9 +38,19 @@ class ConfigError(ValueError):
     pass
 
 
-def _check_backend(name: str, where: str) -> str:
+def _check_backend(name: str, where: str, node_aware: bool = True) -> str:
+    """A backend name, or (where an op's choice is named) a node-aware candidate node:INTRA+INTER."""
+    if node_aware and name.startswith(NODE_PREFIX):
+        try:
+            choice = parse_label(name)
+        except ValueError as exc:
+            raise ConfigError(f"{exc} in {where}") from None
+        for part in (choice.backend, choice.inter):
+            _check_backend(part, f"{name!r} in {where}", node_aware=False)
+        return name
     if name not in KNOWN_BACKENDS:
-        raise ConfigError(f"unknown backend {name!r} in {where}; choose one of {', '.join(KNOWN_BACKENDS)}")
+        also = ", or node:INTRA+INTER (e.g. node:mpi+gloo)" if node_aware else ""
+        raise ConfigError(f"unknown backend {name!r} in {where}; choose one of {', '.join(KNOWN_BACKENDS)}{also}")
     return name
 
 
@@ -118,5 +130,5 @@ def load(config=None, env=None, **kwargs) -> RuntimeConfig:
     if cfg.debug not in ("off", "detail"):
         raise ConfigError(f"bad value {cfg.debug!r} for debug (MCR_DEBUG); choose off or detail")
     for name in cfg.backends.split(","):
-        _check_backend(name.strip(), "backends")
+        _check_backend(name.strip(), "backends", node_aware=False)
     return cfg

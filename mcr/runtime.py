@@ -30,6 +30,7 @@ import os
 import socket
 import sys
 import time
+import zlib
 from collections import deque
 from datetime import timedelta
 from threading import Event, Lock, Thread, get_ident
@@ -39,7 +40,7 @@ import torch
 import torch.distributed as dist
 
 from . import env as launch_env
-from . import hugepages
+from . import hugepages, node_aware
 from .backends.base import Backend, BackendUnavailable
 from .backends.mpi import MPIBackend
 from .backends.torch_dist import GlooBackend, NcclBackend
@@ -52,7 +53,7 @@ from .handle import Handle
 from .ops import dtype_name
 from .progress import ProgressThread
 from .topology import Topology
-from .tuning.candidates import label
+from .tuning.candidates import NODE_PREFIX, is_node_aware, label, parse_label
 from .tuning.table import Choice, TuningTable
 from .watchdog import Watchdog
 
@@ -76,13 +77,22 @@ class OpCall(NamedTuple):
     group_size: int
 
 
+class NodePlan(NamedTuple):
+    """A node-aware candidate resolved to its backends (`mcr.node_aware`)."""
+
+    intra: Backend  # runs the phases inside each node
+    inter: Backend  # runs the phase between nodes
+    label: str  # node:INTRA+INTER, as the table and the comm log name it
+
+
 class Route(NamedTuple):
     """Where one kind of call runs: made once per distinct call and kept in the choice cache,
     so the hot path allocates nothing to describe its op."""
 
-    backend: Backend
+    backend: Backend  # a node-aware route: its inter-node backend
     chunk_bytes: int  # > 0: an all-reduce larger than this runs as a train of chunks
-    op: OpCall
+    op: OpCall  # `op.backend`: the candidate's label (mpi, mpi/chunk=1M, node:mpi+gloo)
+    plan: NodePlan | None = None  # set: run as phases inside and between nodes
 
 
 class Runtime:
@@ -119,6 +129,7 @@ class Runtime:
         self.watchdog = Watchdog(info.rank, cfg.watchdog_timeout_s) if cfg.watchdog_timeout_s > 0 else None
         self._waits = self.watchdog.waits if self.watchdog is not None else None
         self._choices = {}
+        self._node_groups = {}  # group gid -> its node-local and peer groups (node_groups())
         self._forced = None  # force_backend()
         self._warned = set()
         # In flight must mean alive: every async op's handle (its request and buffers) until the
@@ -302,6 +313,48 @@ class Runtime:
         self._groups.append(group)
         return group
 
+    def member_group(self, gid, ranks, timeout=None, keep=True) -> Group:
+        """A group built by its members alone, in the given rank order (group rank i is
+        ranks[i]): MPI by MPI_Comm_create_group, gloo and nccl on the store under the group's
+        key. `keep`: released at finalize() (torch's groups are released by torch)."""
+        group = Group(gid, ranks, self.rank, self.topology.shape(ranks))
+        key = "/".join(map(str, gid)) if isinstance(gid, tuple) else str(gid)
+        for name, backend in self.backends.items():
+            if name == "mpi":  # the tag keeps creations of overlapping groups apart
+                group.comms[name] = backend.member_group(ranks, zlib.crc32(key.encode()) % 32768)
+            else:
+                comm = backend.new_group(key, list(ranks), group.rank, timeout)
+                if comm is not None:
+                    group.comms[name] = comm
+        if keep:
+            self._groups.append(group)
+        return group
+
+    def node_groups(self, group) -> node_aware.NodeGroups:
+        """The group's node-local and peer groups, made by their members the first time a
+        node-aware op runs on the group (every member is at that op: the choice is agreed), and
+        kept. With MPI ops in flight they are made beside a thread that keeps those moving (rule 3)."""
+        found = self._node_groups.get(group.gid)
+        if found is not None:
+            return found
+        layout = self.topology.layout(group.ranks)
+        node = next(k for k, members in enumerate(layout.local) if self.rank in members)
+        index = layout.local[node].index(self.rank)
+
+        def build():
+            local = self.member_group(("node", group.gid, "local", node), layout.local[node])
+            peers = self.member_group(("node", group.gid, "peers", index), layout.peers[index])
+            made.append(node_aware.NodeGroups.of(group, layout, local, peers))
+
+        made = []
+        mpi = self.backends.get("mpi")
+        if self._driven and mpi is not None and mpi.thread_multiple:
+            self._wait_driving_aside(build)
+        else:
+            build()
+        found = self._node_groups[group.gid] = made[0]
+        return found
+
     def _call_checker(self, cfg):
         """MCR_DEBUG=detail: a checker that meets the group's ranks on gloo before each collective."""
         if cfg.debug != "detail":
@@ -332,6 +385,8 @@ class Runtime:
         )
         if route.chunk_bytes and nbytes > route.chunk_bytes:
             result = self._run_chunked(route, group, tensor, reduce_op, async_op)
+        elif route.plan is not None:
+            result = self._run_node_aware(route, group, method, args, async_op)
         else:
             backend = route.backend
             result = self.run(route.op, group, async_op, getattr(backend, method), group.comms[backend.name], args)
@@ -344,8 +399,9 @@ class Runtime:
 
     # --- step 2: choose ------------------------------------------------------------------------
     def force_backend(self, name: str | None) -> None:
-        """Run every op that follows on backend `name`, or (None) choose again as configured.
-        For benchmarks that compare backends inside one job; every rank must call it alike."""
+        """Run every op that follows on backend `name` (or a node-aware candidate such as
+        `node:mpi+gloo`), or (None) choose again as configured. For benchmarks that compare
+        backends inside one job; every rank must call it alike."""
         if name is not None:
             self._require(name, "force_backend", "asked for by force_backend()")
         self._forced = name
@@ -362,16 +418,18 @@ class Runtime:
             return found
         if not group.is_member:
             raise ValueError(f"mcr.{family}: rank {self.rank} is not a member of {group}")
-        backend, chunk = self._decide(family, nbytes, group, dtype, device_type, explicit, reduce_op)
+        backend, chunk, plan = self._decide(family, nbytes, group, dtype, device_type, explicit, reduce_op)
         chunk = chunk if family == "all_reduce" else 0  # only all-reduces run chunked
-        found = Route(backend, chunk, OpCall(family, backend.name, nbytes, group.size))
+        name = backend.name if plan is None else plan.label
+        found = Route(backend, chunk, OpCall(family, name, nbytes, group.size), plan)
         if len(self._choices) > 65536:
             self._choices.clear()  # bounded: uneven all-to-all sizes are many
         self._choices[key] = found
         return found
 
     def _decide(self, family, nbytes, group, dtype, device_type, explicit, reduce_op):
-        chunk = 0
+        """(backend, chunk bytes, node plan or None); `name` below may be a node-aware label."""
+        chunk, inter = 0, ""
         if explicit is not None:
             name, why = explicit, "asked for by backend="
             self._require(name, family, why)
@@ -389,7 +447,8 @@ class Runtime:
             else:
                 entry = table.lookup(family, nbytes, group.size, dtype_name(dtype), group.nodes)
             if entry is not None:
-                name, chunk, why = entry.backend, entry.chunk_bytes, f"the tuning table {self.table.path}"
+                name, chunk, inter = entry.backend, entry.chunk_bytes, entry.inter
+                why = f"the tuning table {self.table.path}"
             elif self.cfg.backend != "auto":
                 name, why = self.cfg.backend, "the default backend"
                 self._require(name, family, why)
@@ -397,16 +456,58 @@ class Runtime:
                 order = BUILTIN_ORDER[device_type]
                 name = next((n for n in order if n in self.backends), order[-1])
                 why = "the built-in order"
+        if is_node_aware(name):
+            choice = parse_label(name)
+            name, inter = choice.backend, choice.inter
+        if inter:
+            return self._node_plan(family, group, name, inter, dtype, device_type, reduce_op, why)
         backend = self.backends.get(name)
         if backend is None or not backend.supports(family, dtype, reduce_op, device_type):
             backend = self._fallback(name, family, dtype, device_type, reduce_op, why)
             chunk = 0
-        return backend, chunk
+        return backend, chunk, None
+
+    def _node_plan(self, family, group, intra_name, inter_name, dtype, device_type, reduce_op, why):
+        """A node-aware candidate for this call, or the flat op where it has no node-aware form:
+        on the inter-node backend where the group spans nodes, else on the intra-node one."""
+        label_ = f"{NODE_PREFIX}{intra_name}+{inter_name}"
+        flat = inter_name if (group.nodes or 1) > 1 else intra_name
+        phases = node_aware.PHASES.get(family)
+        layout = self.topology.layout(group.ranks) if phases else None
+        if phases is None:
+            problem = f"has no node-aware {family}"
+        elif layout is None:
+            problem = f"needs the same number of ranks on each node, and {group} has {group.shape}"
+        else:
+            intra, inter = self.backends.get(intra_name), self.backends.get(inter_name)
+            if (
+                intra is not None
+                and inter is not None
+                and intra.supports(phases[0], dtype, reduce_op, device_type)
+                and inter.supports(phases[1], dtype, reduce_op, device_type)
+            ):
+                return inter, 0, NodePlan(intra, inter, label_)
+            problem = f"cannot run {family} on {device_type} {dtype_name(dtype)} tensors on both backends"
+        if phases is None:
+            key = (label_, family)
+        else:
+            key = (label_, group.gid) if layout is None else (label_, family, dtype, reduce_op)
+        if key not in self._warned and group.rank == 0:  # said once, by the group's first rank
+            log.warning("mcr: %s (%s) %s; running %s flat on %s", label_, why, problem, family, flat)
+        self._warned.add(key)
+        backend = self.backends.get(flat)
+        if backend is None or not backend.supports(family, dtype, reduce_op, device_type):
+            backend = self._fallback(flat, family, dtype, device_type, reduce_op, why)
+        return backend, 0, None
 
     def _require(self, name, family, why):
-        if name not in self.backends:
-            reason = self.unavailable.get(name, "unknown backend; choose one of mpi, gloo, nccl")
-            raise ValueError(f"mcr.{family}: backend {name!r} ({why}) is unavailable: {reason}")
+        names = (lambda c: [c.backend, c.inter])(parse_label(name)) if is_node_aware(name) else [name]
+        for part in names:
+            if part not in self.backends:
+                reason = self.unavailable.get(
+                    part, "unknown backend; choose one of mpi, gloo, nccl, or node:INTRA+INTER"
+                )
+                raise ValueError(f"mcr.{family}: backend {part!r} ({why}) is unavailable: {reason}")
 
     def _fallback(self, name, family, dtype, device_type, reduce_op, why):
         for candidate in BUILTIN_ORDER[device_type]:
@@ -529,6 +630,31 @@ class Runtime:
         done.wait()
         if failed:
             raise failed[0]
+
+    def _run_node_aware(self, route, group, method, args, async_op):
+        """The op as phases inside and between nodes (`mcr.node_aware`), each a blocking op run
+        and watched here like any other (the watchdog names the phase), the whole logged once
+        under its candidate's label. An async call runs its phases before it returns: a later
+        phase needs an earlier one's result, and issuing it from another thread later would
+        break the issue order the mixing rules rest on; the handle comes back complete."""
+        plan, groups = route.plan, self.node_groups(group)
+        family, started = route.op.family, time.perf_counter()
+
+        def phase(where, phase_method, *phase_args):
+            backend, sub = (plan.intra, groups.local) if where == "intra" else (plan.inter, groups.peers)
+            what = f"{family} via {plan.label}: {where}-node {phase_method}"
+            op = OpCall(what, backend.name, phase_args[1 if phase_method != "all_reduce" else 0].nbytes, sub.size)
+            self.run(op, sub, False, getattr(backend, phase_method), sub.comms[backend.name], phase_args, False)
+
+        node_aware.run(method, args, groups, phase)
+        if self.comm_log is not None:
+            self.comm_log.record(*route.op, time.perf_counter() - started)
+        if not async_op:
+            return None
+        handle = Handle(lambda: None, lambda: True)
+        handle.wait()
+        handle.op = route.op
+        return handle
 
     def _run_chunked(self, route, group, tensor, reduce_op, async_op):
         """Large all-reduces run faster as a train of chunks (they stay in cache); each chunk is

@@ -213,11 +213,12 @@ class MPIBackend(Backend):
         self._comms.append(comm)
         return self._with_twin(comm)
 
-    def member_group(self, ranks):
-        """A group's communicator built by its members alone (MPI_Comm_create_group)."""
+    def member_group(self, ranks, tag=0):
+        """A group's communicator built by its members alone (MPI_Comm_create_group), in the given
+        rank order; `tag` tells apart creations of overlapping groups that run at the same time."""
         world_group = self.world.Get_group()
         members = world_group.Incl(list(ranks))
-        comm = self.world.Create_group(members)
+        comm = self.world.Create_group(members, tag)
         members.Free()
         world_group.Free()
         self._comms.append(comm)

@@ -307,19 +307,6 @@ def _world_runtime(opts, pg_options):
     return rt, owned
 
 
-def _member_group(rt, name: str, ranks, timeout) -> Group:
-    """An mcr group built by its members alone (torch never calls non-members)."""
-    group = Group(("torch", name), ranks, rt.rank, rt.topology.shape(ranks))
-    for backend_name, backend in rt.backends.items():
-        if backend_name == "mpi":
-            group.comms["mpi"] = backend.member_group(ranks)
-        else:  # gloo/nccl rendezvous on the runtime's store under this agreed name
-            comm = backend.new_group(f"torch/{name}", list(ranks), group.rank, timeout)
-            if comm is not None:
-                group.comms[backend_name] = comm
-    return group
-
-
 def _create(opts, pg_options):
     """The creator torch calls (extended API) for the default group and every new group."""
     ranks = list(opts.global_ranks_in_group)
@@ -337,7 +324,8 @@ def _create(opts, pg_options):
             f"mcr backend: torch's global rank {dist.get_rank()} differs from the runtime's {rt.rank}; "
             "initialize torch.distributed with the launcher's ranks"
         )
-    group = _member_group(rt, f"{_epoch}/{opts.group_id}", ranks, opts.timeout)
+    # built by its members alone (torch never calls non-members); torch releases it, not finalize()
+    group = rt.member_group(("torch", f"{_epoch}/{opts.group_id}"), ranks, opts.timeout, keep=False)
     return RuntimeProcessGroup(group, owns_runtime=_adopt_runtime)
 
 

@@ -19,6 +19,17 @@ def test_unknown_backend_names_the_choices():
         load(env={"MCR_BACKEND": "ucc"})
 
 
+def test_node_aware_candidates_are_accepted_where_an_ops_choice_is_named_and_checked_part_by_part():
+    cfg = load(env={"MCR_BACKEND_ALL_REDUCE": "node:mpi+gloo", "MCR_BACKEND": "node:gloo+mpi"})
+    assert cfg.overrides == {"all_reduce": "node:mpi+gloo"} and cfg.backend == "node:gloo+mpi"
+    with pytest.raises(ConfigError, match=r"unknown backend 'ucc' in 'node:mpi\+ucc' in the override for all_reduce"):
+        load(env={"MCR_BACKEND_ALL_REDUCE": "node:mpi+ucc"})
+    with pytest.raises(ConfigError, match=r"a node-aware one is node:INTRA\+INTER, e.g. node:mpi\+gloo"):
+        load(env={"MCR_BACKEND": "node:mpi"})
+    with pytest.raises(ConfigError, match="unknown backend 'node:mpi\\+gloo' in backends"):
+        load(env={"MCR_BACKENDS": "node:mpi+gloo"})  # the backends to start are libraries, not candidates
+
+
 def test_unknown_op_override_names_the_ops():
     with pytest.raises(ConfigError, match=r"unknown op 'allreduce'.*MCR_BACKEND_ALLREDUCE.*all_reduce"):
         load(env={"MCR_BACKEND_ALLREDUCE": "mpi"})

@@ -48,3 +48,24 @@ def test_every_op_matches_local_reference(nprocs, launcher, backends):
 def test_torchrun_reports_mpi_unavailable_once():
     out = run_script(2, os.path.join(SCRIPTS, "check_ops.py"), launcher="torchrun").check().output
     assert out.count("mpi: launched by torchrun, which gives no MPI world") == 1, out[-2000:]
+
+
+NODE_AWARE = ["node:mpi+gloo", "node:gloo+mpi", "node:mpi+mpi"]
+
+
+def test_forced_node_aware_candidates_match_local_reference_on_one_node_and_log_under_their_label():
+    # one node of 4 ranks: the node-aware ops run their intra-node phases (the inter-node ones on
+    # groups of one); groups [0, 1] and [2, 3] as well, and the subgroup {0, 1, 3}
+    out = run_script(4, os.path.join(SCRIPTS, "check_ops.py"), *NODE_AWARE, "0,1", "2,3", timeout=400)
+    out = out.check().output
+    oks = re.findall(r"rank (\d+): OK (\d+) checks", out)
+    assert sorted(int(r) for r, _ in oks) == [0, 1, 2, 3], out[-3000:]
+    for r, count in oks:
+        assert int(count) == expected_checks(int(r), 4, 2 + len(NODE_AWARE), [[0, 1], [2, 3]]), oks
+    assert "cannot run" not in out, out[-3000:]
+    # the comm log shows the caller's op under its candidate's label, never its phases
+    rows = re.findall(r"^(\w+) +(node:\S+) ", out, re.M)
+    assert {op for op, _ in rows} == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}, rows
+    assert {label for _, label in rows} == set(NODE_AWARE) and " via node:" not in out, out[-3000:]
+    # the ops without a node-aware form said so once each, and ran flat
+    assert out.count("node:mpi+gloo (asked for by backend=) has no node-aware broadcast; running broadcast flat") == 1

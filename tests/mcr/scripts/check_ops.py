@@ -1,9 +1,11 @@
 """Run on every rank: every op on every available backend and on the automatic choice, for
 each dtype and reduce op, checked against a reference computed locally from known inputs.
 
-Usage: check_ops.py [RANKS ...]: groups beyond the world, the subgroup and the singletons,
-each given as comma-separated ranks (e.g. `0,1 2,3 1,2`: each node's ranks, and a pair across
-nodes); every rank creates each one, its members run the ops on it."""
+Usage: check_ops.py [node:INTRA+INTER ...] [RANKS ...]: node-aware candidates to run every op
+on as well (each op with a node-aware form runs as phases inside and between nodes, the others
+flat), and groups beyond the world, the subgroup and the singletons, each given as
+comma-separated ranks (e.g. `0,1 2,3 1,2`: each node's ranks, and a pair across nodes); every
+rank creates each one, its members run the ops on it."""
 
 import itertools
 import socket
@@ -19,7 +21,8 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64
 
 rt = mcr.init(comm_log=True)
 rank, n = mcr.get_rank(), mcr.get_world_size()
-backends = list(rt.backends) + [None]
+labels = [arg for arg in sys.argv[1:] if arg.startswith("node:")]
+backends = list(rt.backends) + [None] + labels
 checked = 0
 
 
@@ -161,7 +164,7 @@ if rank in sub_ranks:
     run(sub, sub_ranks)
 solo = [mcr.new_group([r]) for r in range(n)][rank]
 run(solo, [rank])
-for ranks in [sorted(int(r) for r in arg.split(",")) for arg in sys.argv[1:]]:
+for ranks in [sorted(int(r) for r in arg.split(",")) for arg in sys.argv[1:] if arg not in labels]:
     group = mcr.new_group(ranks)
     if rank in ranks:
         run(group, ranks)

@@ -1,0 +1,208 @@
+"""Node-aware collectives: an op on a group that spans nodes, as phases inside each node and
+between nodes, each phase on its own backend (the candidate `node:INTRA+INTER`).
+
+A group with L ranks on each of N nodes splits two ways (`mcr.topology.Layout`): the node-local
+group (my node's L ranks) and the peer group (the N ranks with my local index, one per node).
+
+    all_reduce      reduce-scatter inside the node (each local rank holds 1/L, summed over the
+                    node), all-reduce of that part across nodes, all-gather inside the node
+    all_gather      all-gather across nodes (my local index's inputs from every node), then
+                    all-gather of those inside the node
+    reduce_scatter  reduce-scatter inside the node (each local rank holds the node's sum of the
+                    N blocks its peers will own), reduce-scatter of that across nodes
+    all_to_all      all-to-all inside the node (to local rank j everything bound for local
+                    index j on any node), all-to-all across nodes; uneven splits and the list
+                    form first all-gather every local rank's send sizes inside the node
+
+So each byte crosses the network once, as in the flat op, and never L times over. Blocks are
+reordered between phases where the group's rank order is not node-major (ranks placed
+cyclically, `srun --distribution=cyclic`). Every phase is a blocking op that the runtime runs
+(`phase(where, method, *args)`), so the watchdog, the mixing rules and the comm log see each one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .group import Group
+from .topology import Layout
+
+# Which phases each op runs where: the backend of the intra-node phases must run the first
+# family, the inter-node phase's backend the second (Runtime checks `supports` for both).
+PHASES = {
+    "all_reduce": ("reduce_scatter", "all_reduce"),
+    "all_gather": ("all_gather", "all_gather"),
+    "reduce_scatter": ("reduce_scatter", "reduce_scatter"),
+    "all_to_all": ("all_to_all", "all_to_all"),
+}
+
+
+@dataclass
+class NodeGroups:
+    """A group's node-local and peer groups, made once per group (`Runtime.node_groups`)."""
+
+    local: Group  # my node's members of the group, in rank order
+    peers: Group  # the members with my local index, one per node, in node order
+    rank_at: list  # rank_at[k][j]: the group rank of the member at node k, local index j
+
+    @property
+    def nodes(self) -> int:
+        return self.peers.size
+
+    @property
+    def per_node(self) -> int:
+        return self.local.size
+
+    @property
+    def node_major(self) -> bool:
+        """Whether group rank k*L + j sits at node k, local index j (ranks placed in blocks)."""
+        per = self.per_node
+        return all(r == k * per + j for k, row in enumerate(self.rank_at) for j, r in enumerate(row))
+
+    @classmethod
+    def of(cls, group: Group, layout: Layout, local: Group, peers: Group) -> "NodeGroups":
+        return cls(local, peers, [[group.group_rank(r) for r in node] for node in layout.local])
+
+
+def run(method: str, args: tuple, groups: NodeGroups, phase) -> None:
+    """Run the caller's op `method` (an mcr.backends method name) with its `args`, as phases."""
+    RUNNERS[method](groups, phase, *args)
+
+
+# --- all-reduce --------------------------------------------------------------------------------
+def all_reduce(groups, phase, tensor, op):
+    flat, per = tensor.view(-1), groups.per_node
+    n = flat.numel()
+    part = -(-n // per)  # each local rank's share, the message padded to a multiple of L
+    whole = flat if n == part * per else torch.zeros(part * per, dtype=flat.dtype, device=flat.device)
+    if whole is not flat:
+        whole[:n].copy_(flat)
+    mine = torch.empty(part, dtype=flat.dtype, device=flat.device)
+    phase("intra", "reduce_scatter_tensor", mine, whole, op)
+    if groups.nodes > 1:
+        phase("inter", "all_reduce", mine, op)
+    phase("intra", "all_gather_into_tensor", whole, mine)
+    if whole is not flat:
+        flat.copy_(whole[:n])
+
+
+# --- all-gather ----------------------------------------------------------------------------------
+def all_gather_into_tensor(groups, phase, output, tensor):
+    nodes, per = groups.nodes, groups.per_node
+    m = tensor.numel()
+    across = torch.empty(nodes * m, dtype=tensor.dtype, device=tensor.device)  # [node k]
+    phase("inter", "all_gather_into_tensor", across, tensor.view(-1))
+    direct = groups.node_major and (nodes == 1 or per == 1)  # [local j][node k] is already rank order
+    gathered = output.view(-1) if direct else torch.empty(per * nodes * m, dtype=tensor.dtype, device=tensor.device)
+    phase("intra", "all_gather_into_tensor", gathered, across)
+    if not direct:  # [local j][node k] -> group rank order
+        blocks = gathered.view(per, nodes, m)
+        out = output.view(-1, m)
+        for k, row in enumerate(groups.rank_at):
+            for j, r in enumerate(row):
+                out[r].copy_(blocks[j, k])
+
+
+def all_gather(groups, phase, output_list, tensor):
+    packed = torch.empty(len(output_list) * tensor.numel(), dtype=tensor.dtype, device=tensor.device)
+    all_gather_into_tensor(groups, phase, packed, tensor.contiguous())
+    for out, part in zip(output_list, packed.view(len(output_list), -1)):
+        out.copy_(part.view_as(out))
+
+
+# --- reduce-scatter --------------------------------------------------------------------------------
+def reduce_scatter_tensor(groups, phase, output, input, op):
+    nodes, per = groups.nodes, groups.per_node
+    m = output.numel()
+    blocks = input.view(-1, m)  # group rank order
+    if groups.node_major and (nodes == 1 or per == 1):
+        by_local = input.view(-1)
+    else:  # -> [local j][node k]: local rank j reduces what its peers at every node will own
+        by_local = torch.cat([blocks[groups.rank_at[k][j]] for j in range(per) for k in range(nodes)])
+    node_sum = torch.empty(nodes * m, dtype=output.dtype, device=output.device)
+    phase("intra", "reduce_scatter_tensor", node_sum, by_local, op)
+    phase("inter", "reduce_scatter_tensor", output.view(-1), node_sum, op)
+
+
+def reduce_scatter(groups, phase, output, input_list, op):
+    reduce_scatter_tensor(groups, phase, output, torch.cat([t.reshape(-1) for t in input_list]), op)
+
+
+# --- all-to-all ------------------------------------------------------------------------------------
+def _a2a(phase, where, out, inp, out_counts, in_counts, uneven):
+    """One all-to-all phase on flat tensors. Splits go with every rank's call or with none (MPI's
+    Alltoall and Alltoallv do not match), so `uneven` is the call's, not this rank's counts'."""
+    phase(where, "all_to_all_single", out, inp, out_counts if uneven else None, in_counts if uneven else None)
+
+
+def _regroup(flat, counts, order):
+    """The blocks of `flat` (sizes `counts`, in order) concatenated in `order` (block indices)."""
+    parts = flat.split(counts)
+    return torch.cat([parts[i] for i in order]) if parts else flat
+
+
+def all_to_all_counts(groups, phase, out_flat, in_flat, recv_counts, send_counts, uneven):
+    """The all-to-all of flat tensors: `send_counts[g]` elements to group rank g, `recv_counts[g]`
+    from it. `uneven` (the same on every rank: splits were given, or the list form): counts may
+    differ, so each rank first learns its node's send counts."""
+    nodes, per, at = groups.nodes, groups.per_node, groups.rank_at
+    me_j = groups.local.rank
+    if uneven:  # sent[j][g]: what local rank j sends group rank g
+        mine = torch.tensor(send_counts, dtype=torch.int64)
+        sent = torch.empty(per * len(send_counts), dtype=torch.int64)
+        phase("intra", "all_gather_into_tensor", sent, mine)
+        sent = sent.view(per, -1).tolist()
+    else:
+        sent = [list(send_counts)] * per
+    # phase 1, inside the node: to local rank j, my blocks for local index j on every node
+    order1 = [at[k][j] for j in range(per) for k in range(nodes)]
+    send1 = _regroup(in_flat, list(send_counts), order1)
+    in1 = [sum(send_counts[at[k][j]] for k in range(nodes)) for j in range(per)]
+    got1 = [[sent[j][at[k][me_j]] for k in range(nodes)] for j in range(per)]  # [src local j][dst node k]
+    recv1 = torch.empty(sum(map(sum, got1)), dtype=in_flat.dtype, device=in_flat.device)
+    _a2a(phase, "intra", recv1, send1, [sum(row) for row in got1], in1, uneven)
+    # phase 2, across nodes: to node k, what my node's ranks sent for (k, my local index)
+    sizes1 = [c for row in got1 for c in row]
+    send2 = _regroup(recv1, sizes1, [j * nodes + k for k in range(nodes) for j in range(per)])
+    in2 = [sum(got1[j][k] for j in range(per)) for k in range(nodes)]
+    from_rank = [[recv_counts[at[k][j]] for j in range(per)] for k in range(nodes)]  # [src node k][src local j]
+    direct = groups.node_major
+    recv2 = out_flat if direct else torch.empty(out_flat.numel(), dtype=out_flat.dtype, device=out_flat.device)
+    _a2a(phase, "inter", recv2, send2, [sum(row) for row in from_rank], in2, uneven)
+    if not direct:  # [src node k][src local j] -> group rank order
+        sizes2 = [c for row in from_rank for c in row]
+        position = {at[k][j]: k * per + j for k in range(nodes) for j in range(per)}
+        out_flat.copy_(_regroup(recv2, sizes2, [position[g] for g in range(len(recv_counts))]))
+
+
+def all_to_all_single(groups, phase, output, input, output_splits, input_splits):
+    n = groups.nodes * groups.per_node
+    uneven = bool(output_splits or input_splits)
+    in_row = input.numel() // max(1, input.shape[0]) if input.dim() else 1
+    out_row = output.numel() // max(1, output.shape[0]) if output.dim() else 1
+    send = [s * in_row for s in input_splits] if input_splits else [input.numel() // n] * n
+    recv = [s * out_row for s in output_splits] if output_splits else [output.numel() // n] * n
+    all_to_all_counts(groups, phase, output.view(-1), input.view(-1), recv, send, uneven)
+
+
+def all_to_all(groups, phase, output_list, input_list):
+    packed_in = torch.cat([t.reshape(-1) for t in input_list])
+    recv = [t.numel() for t in output_list]
+    packed_out = torch.empty(sum(recv), dtype=packed_in.dtype, device=packed_in.device)
+    # the list form's sizes may differ on some ranks only: every rank exchanges its counts
+    all_to_all_counts(groups, phase, packed_out, packed_in, recv, [t.numel() for t in input_list], True)
+    for out, part in zip(output_list, packed_out.split(recv)):
+        out.copy_(part.view_as(out))
+
+
+RUNNERS = {
+    "all_reduce": all_reduce,
+    "all_gather": all_gather,
+    "all_gather_into_tensor": all_gather_into_tensor,
+    "reduce_scatter": reduce_scatter,
+    "reduce_scatter_tensor": reduce_scatter_tensor,
+    "all_to_all": all_to_all,
+    "all_to_all_single": all_to_all_single,
+}
