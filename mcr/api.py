@@ -297,48 +297,39 @@ def _check_splits(which, tensor, splits, group_size):
         )
 
 
-def _all_to_all_sizes(inputs, outputs):
-    """(input bytes, whether block sizes differ). One pass when every block is a plain contiguous
-    tensor of one dtype (it runs per call: MoE and TorchRec send small blocks often); anything
-    else (a subclass such as nn.Parameter, or input the full checks refuse by name) is sized after
-    those checks."""
-    first, nbytes, uneven = inputs[0], 0, False
+def _all_to_all_bytes(inputs, outputs):
+    """The input's bytes. One pass when every block is a plain contiguous tensor of one dtype (it
+    runs per call: MoE and TorchRec send small blocks often); anything else (a subclass such as
+    nn.Parameter, or input the full checks refuse by name) is sized after those checks."""
+    first, nbytes = inputs[0], 0
     if type(first) is torch.Tensor and type(outputs[0]) is torch.Tensor:
-        # one dtype, so equal bytes mean equal sizes (nbytes is one attribute read cheaper than numel)
-        dtype, in_block, out_block = first.dtype, first.nbytes, outputs[0].nbytes
+        dtype = first.dtype
         for t in inputs:
             if type(t) is not torch.Tensor or t.dtype is not dtype or not t.is_contiguous():
                 break
-            block = t.nbytes
-            nbytes += block
-            uneven = uneven or block != in_block
+            nbytes += t.nbytes  # one attribute read cheaper than numel
         else:
-            for t in outputs:
-                if type(t) is not torch.Tensor or t.dtype is not dtype or not t.is_contiguous():
-                    break
-                uneven = uneven or t.nbytes != out_block
-            else:
-                return nbytes, uneven
+            if all(type(t) is torch.Tensor and t.dtype is dtype and t.is_contiguous() for t in outputs):
+                return nbytes
     _check("all_to_all", *outputs, *inputs)
     _same_dtype("all_to_all", first, [*inputs, *outputs])
-    in_numel, out_numel = first.numel(), outputs[0].numel()
-    uneven = any(t.numel() != in_numel for t in inputs) or any(t.numel() != out_numel for t in outputs)
-    return sum(t.nbytes for t in inputs), uneven
+    return sum(t.nbytes for t in inputs)
 
 
 def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False, backend=None):
     rt, g = _start(group)
     _list_len("all_to_all", "output_tensor_list", output_tensor_list, g.size)
     _list_len("all_to_all", "input_tensor_list", input_tensor_list, g.size)
-    nbytes, uneven = _all_to_all_sizes(input_tensor_list, output_tensor_list)
+    nbytes = _all_to_all_bytes(input_tensor_list, output_tensor_list)
     own_out, own_in = output_tensor_list[g.rank], input_tensor_list[g.rank]  # rank -1 (no member): refused later
     if own_out.numel() != own_in.numel() and g.rank >= 0:
         raise ValueError(
             f"mcr.all_to_all: rank {g.rank} sends itself {own_in.numel()} elements but receives {own_out.numel()}; "
             "the input and output tensors at a rank's own index must be the same size"
         )
-    if uneven:
-        nbytes = rt.agreed_bytes("all_to_all", g, nbytes)  # local sizes differ by rank
+    # Sizes may differ by rank even where this rank's blocks are all one size (its peers' need
+    # not be), so every rank agrees; agreed_bytes costs nothing where the choice ignores the size.
+    nbytes = rt.agreed_bytes("all_to_all", g, nbytes)
     args = (output_tensor_list, input_tensor_list)
     return rt.call("all_to_all", "all_to_all", nbytes, g, input_tensor_list[0], backend, async_op, args)
 

@@ -8,12 +8,13 @@ import pytest
 from tests.ranks import run_script
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
+WATCHDOG = {"MCR_WATCHDOG_TIMEOUT": "60"}  # ranks that chose differently hang: fail naming the op
 
 
 @pytest.mark.parametrize("nprocs,launcher", [(2, "mpiexec"), (3, "mpiexec"), (2, "torchrun")])
 def test_uneven_all_to_all_choice_is_identical_on_all_ranks(tmp_path, nprocs, launcher):
     out = (
-        run_script(nprocs, os.path.join(SCRIPTS, "choice.py"), tmp_path / "table.yaml", launcher=launcher)
+        run_script(nprocs, os.path.join(SCRIPTS, "choice.py"), tmp_path / "table.yaml", launcher=launcher, env=WATCHDOG)
         .check()
         .output
     )

@@ -72,5 +72,20 @@ for j, o in enumerate(outs):
 rows = [(r["backend"], r["bytes"]) for r in rt.comm_log.rows() if r["op"] == "all_to_all"]
 assert rows == [(want, 300 * 4 * n)], rows
 
+# list all_to_all whose blocks are all one size on rank 0 (8 floats to and from everyone: 64 or 96
+# bytes, gloo's side of the line) but not on the others (300 floats among themselves: mpi's side):
+# every rank must still agree on one size, though rank 0 alone sees nothing uneven
+rt.comm_log = CommLog()
+ins = [torch.full((8 if 0 in (rank, j) else 300,), 10.0 * rank + j) for j in range(n)]
+outs = [torch.empty(8 if 0 in (rank, j) else 300) for j in range(n)]
+mcr.all_to_all(outs, ins)
+for j, o in enumerate(outs):
+    assert torch.equal(o, torch.full(o.shape, 10.0 * j + rank)), (j, o[:3])
+(backend,) = {r["backend"] for r in rt.comm_log.rows() if r["op"] == "all_to_all"}
+mine = torch.tensor([codes[backend]], dtype=torch.int64)
+everyone = torch.empty(n, dtype=torch.int64)
+mcr.all_gather_into_tensor(everyone, mine)
+assert (everyone == mine).all(), f"ranks chose differently for a list all_to_all: {everyone.tolist()}"
+
 print(f"rank {rank}: choice OK used {sorted(used)}", flush=True)
 mcr.finalize()
