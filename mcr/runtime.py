@@ -11,12 +11,17 @@ Why mixing backends cannot deadlock (the rule the code keeps):
      MPI matches collectives per communicator in call order and its blocking calls progress
      every pending request of that library.
   3. No backend's progress depends on another backend: gloo and nccl progress on their own
-     threads and streams; MPI's nonblocking ops progress only inside MPI calls, so a rank that
-     blocks on gloo or nccl (a blocking op, or a wait on a handle) while it has MPI ops in
-     flight keeps calling MPI (a test of those requests, then a short sleep) until it can go
-     on (an op that gloo marks done only inside its wait() is waited on a helper thread
-     meanwhile: no test would ever see it done). Without this a peer waiting for such an MPI op would wait for a rank that waits for
-     it on gloo: tests/mcr/scripts/cross_progress.py deadlocked that way. (The progress thread,
+     threads and streams; MPI progresses only inside MPI calls, for its in-flight nonblocking
+     ops and for sends it has already returned from (buffered eager data goes out over TCP
+     only from inside a later MPI call). So a rank that blocks on gloo or nccl (a blocking op,
+     a wait on a handle, making a node-aware op's groups) in a job with MPI keeps MPI moving
+     until it can go on: another thread tests its in-flight MPI ops and pokes MPI's progress
+     engine meanwhile (`mcr.mpi_driver`); where MPI gives no MPI_THREAD_MULTIPLE the waiting
+     thread does it itself, polling its op (an op that gloo marks done only inside its wait()
+     is then waited on a helper thread: no test would ever see it done). Without this a peer
+     waiting in MPI for this rank would wait for a rank that waits for it on gloo:
+     tests/mcr/scripts/cross_progress.py deadlocked that way, and tests/cluster's random stress
+     with node-aware candidates when only in-flight ops were driven. (The progress thread,
      `mcr.progress`, tests them too; the rule holds with it turned off.)
   Hence if every rank issues the same sequence, by induction the first incomplete op has been
   reached by every rank on the same backend, with all earlier ops on that backend posted
@@ -50,6 +55,7 @@ from .config import ConfigError, RuntimeConfig
 from .debug import CallChecker
 from .group import Group
 from .handle import Handle
+from .mpi_driver import MPIDriver
 from .ops import dtype_name
 from .progress import ProgressThread
 from .topology import Topology
@@ -143,6 +149,9 @@ class Runtime:
         self._driven = []
         self._driven_sweep_at = 64  # past this many, drop the completed ones (as _sweep_at)
         self._needs_driving = {name for name, backend in self.backends.items() if not backend.progresses_alone}
+        # rule 3: keeps MPI moving while this rank blocks on another backend (None: no MPI here, or
+        # no MPI_THREAD_MULTIPLE, and then the waiting thread drives MPI itself)
+        self._driver = MPIDriver(self._drive) if mpi is not None and mpi.thread_multiple else None
         self._checker = self._call_checker(cfg)
         self.progress = self._progress_thread(cfg)
         self.callbacks = CallbackThread()  # sets dist.Work futures as their ops complete (mcr.callbacks)
@@ -347,9 +356,8 @@ class Runtime:
             made.append(node_aware.NodeGroups.of(group, layout, local, peers))
 
         made = []
-        mpi = self.backends.get("mpi")
-        if self._driven and mpi is not None and mpi.thread_multiple:
-            self._wait_driving_aside(build)
+        if self._driver is not None:  # gloo connects through the store meanwhile (rule 3)
+            self._driver.during(build)
         else:
             build()
         found = self._node_groups[group.gid] = made[0]
@@ -547,8 +555,11 @@ class Runtime:
             return self._run_async(op, group, fn, comm, args, logged)
         if self._in_flight and op.family != "send_recv":
             self._complete_earlier(comm)
-        if self._driven and op.backend not in self._needs_driving:
-            return self._run_driving(op, group, fn, comm, args, logged)
+        driver = None
+        if self._needs_driving and op.backend not in self._needs_driving:  # rule 3: keep MPI moving
+            driver = self._driver
+            if driver is None:
+                return self._run_driving(op, group, fn, comm, args, logged)
         # the hot path: a 4-byte all-reduce on MPI costs about 1 µs, so every step here counts
         waits, comm_log = self._waits, self.comm_log if logged else None
         if comm_log is not None:
@@ -557,7 +568,10 @@ class Runtime:
             thread = get_ident()
             waits[thread] = op
         try:
-            fn(comm, *args, False)
+            if driver is None:
+                fn(comm, *args, False)
+            else:
+                driver.during(lambda: fn(comm, *args, False))
         except Exception as exc:
             raise self._error(op, group, exc) from exc
         finally:
@@ -588,33 +602,34 @@ class Runtime:
         return handle
 
     def _run_driving(self, op, group, fn, comm, args, logged):
-        """A blocking op on a backend that progresses alone, while MPI ops are in flight: run it
-        as an async op and wait for it while keeping MPI moving (rule 3)."""
+        """A blocking op on a backend that progresses alone, in a job with MPI but no MPI driver
+        thread: run it as an async op and wait for it while keeping MPI moving (rule 3)."""
         self.run(op, group, True, fn, comm, args, logged).wait()
 
-    def _drive(self) -> bool:
-        """Let every in-flight MPI op progress, without blocking; True while some remain."""
+    def _drive(self) -> None:
+        """Let MPI progress, without blocking: test every in-flight MPI op (MPI_Test progresses
+        them), then poke the progress engine, for sends that returned before their data left."""
         with self._in_flight_lock:
             pending = list(self._driven)
-        left = [handle for handle in pending if not handle.is_completed()]  # MPI_Test progresses them
+        left = [handle for handle in pending if not handle.is_completed()]
         with self._in_flight_lock:
             done = {id(handle) for handle in pending} - {id(handle) for handle in left}
             self._driven = [handle for handle in self._driven if id(handle) not in done]
-            return bool(self._driven)
+        self.backends["mpi"].progress()
 
     def _wait_driving(self, test) -> None:
-        """Return when `test()` is true or no MPI op is left in flight (then the caller blocks
-        as usual). Sleeps grow from 20 µs to 1 ms, so a long wait costs little CPU."""
+        """Return when `test()` is true, keeping MPI moving meanwhile from this thread (where no
+        MPI driver thread can). Sleeps grow from 20 µs to 1 ms, so a long wait costs little CPU."""
         pause = 2e-5
-        while not test() and self._drive():
+        while not test():
+            self._drive()
             time.sleep(pause)
             pause = min(2 * pause, 1e-3)
 
     def _wait_driving_aside(self, wait) -> None:
-        """Rule 3 for an op whose library marks it done only inside its own wait(): that wait runs
-        on a helper thread while this one keeps MPI moving. Polling its test instead would spin
-        until every MPI op finished, and one may need a peer that waits for this rank to go on
-        (tests/mcr/scripts/waited_only.py; across nodes it hung tests/cluster's random stress)."""
+        """Rule 3 without an MPI driver thread, for an op whose library marks it done only inside
+        its own wait(): that wait runs on a helper thread while this one keeps MPI moving. Polling
+        its test instead would never see it done (tests/mcr/scripts/waited_only.py)."""
         done, failed = Event(), []
 
         def waiter():
@@ -749,15 +764,18 @@ class Runtime:
     def _watched(self, handle, op, group, started, logged=True):
         inner_wait, inner_test = handle._wait, handle._test
         waits, comm_log = self._waits, self.comm_log if logged else None
-        drives = op.backend not in self._needs_driving
+        drives = bool(self._needs_driving) and op.backend not in self._needs_driving  # rule 3
+        driver = self._driver
 
         def wait():
             if waits is not None:
                 thread = get_ident()
                 waits[thread] = op
             try:
-                if not (drives and self._driven):
+                if not drives:
                     inner_wait()
+                elif driver is not None:
+                    driver.during(inner_wait)
                 elif handle.completes_alone:
                     self._wait_driving(inner_test)
                     inner_wait()
@@ -803,6 +821,8 @@ class Runtime:
         self.comm_log = comm_log
         if self.progress is not None:
             self.progress.stop()
+        if self._driver is not None:
+            self._driver.stop()
         if self.watchdog is not None:
             self.watchdog.stop()
         for backend in self.backends.values():

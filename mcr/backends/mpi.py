@@ -170,6 +170,9 @@ class MPIBackend(Backend):
         self._comms = [self.world]  # every communicator made here, freed at shutdown
         self._twins = {}
         self._with_twin(self.world)
+        self._quiet = self.world.Dup()  # nobody sends on it: probing it only runs the progress engine
+        self._comms.append(self._quiet)
+        self._any = (MPI.ANY_SOURCE, MPI.ANY_TAG)
         self._mem = MPI.memory.fromaddress
         self._byte = MPI.BYTE
         self._in_place = MPI.IN_PLACE
@@ -191,6 +194,11 @@ class MPIBackend(Backend):
         if self._worker is None:
             self._worker = CollectiveWorker()
         return self._worker.submit(self._twins[id(g)], blocking_call, keep)
+
+    def progress(self) -> None:
+        """Run MPI's progress engine once, without blocking (the runtime's rule 3: queued sends
+        go out only from inside MPI calls)."""
+        self._quiet.Iprobe(*self._any)
 
     def shutdown(self):
         if self._worker is not None:

@@ -1,11 +1,12 @@
 """Random interleaving of sync and async ops over every backend; same seed on every rank.
 
-Usage: stress.py NUM_OPS SEED [TABLE.yaml]. Every result is checked as a whole tensor against
+Usage: stress.py NUM_OPS SEED [TABLE.yaml [CANDIDATE,...]]. Every result is checked as a whole tensor against
 one computed locally, with distinct values per rank, per chunk and per element, so a wrong
 answer or a wrong chunk-to-rank mapping fails as loudly as a hang (which the watchdog turns
 into a failure naming rank, op and backend). With a table that splits ops by message size, the
 automatic choice differs by size, and uneven all-to-alls (whose local sizes differ by rank)
 take the agreed-size path among the async ops. Ops run on the world and on a subgroup.
+CANDIDATE,...: node-aware candidates (node:mpi+gloo) drawn beside the backends as `backend=`.
 """
 
 import random
@@ -18,11 +19,13 @@ from mcr.tuning.table import TuningTable
 
 num_ops, seed = int(sys.argv[1]), int(sys.argv[2])
 rt = mcr.init()
-if len(sys.argv) > 3:
+if len(sys.argv) > 3 and sys.argv[3] != "-":
     rt.table = TuningTable.load(sys.argv[3])
 rank, n = mcr.get_rank(), mcr.get_world_size()
 rng = random.Random(seed)  # identical sequence of choices on every rank
 backends = list(rt.backends) + [None, None]  # the automatic choice twice as often
+if len(sys.argv) > 4:
+    backends += sys.argv[4].split(",")
 # float32/int64: exact for these small integers on every backend; float64 for the wide range
 DTYPES = [torch.float32, torch.float64, torch.int64]
 GROUPS = [(rt.world, list(range(n)))]
