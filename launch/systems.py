@@ -43,6 +43,9 @@ class System:
     directives: list = field(default_factory=list)  # extra scheduler lines, e.g. ["-l filesystems=home:eagle"]
     preamble: list = field(default_factory=list)  # shell lines: module loads, venv/conda activation
     env: dict = field(default_factory=dict)  # variables exported before the ranks start
+    # the fast network's interface on the nodes (e.g. ib0, hsn0): gloo and Open MPI send over it
+    # (GLOO_SOCKET_IFNAME, Open MPI's TCP include lists); empty: whatever the hostnames resolve to
+    interface: str = ""
     torch_extensions_cache: str = ""  # pre-built DeepSpeed ops, copied into each job's own TORCH_EXTENSIONS_DIR
 
 

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from . import env as launch_env
-from . import hugepages, node_aware
+from . import hugepages, netcheck, node_aware
 from .backends.base import Backend, BackendUnavailable
 from .backends.mpi import MPIBackend
 from .backends.torch_dist import GlooBackend, NcclBackend
@@ -112,6 +112,7 @@ class Runtime:
         self.backends = {}
         self.unavailable = {}  # backend name -> why it cannot run here
         wanted = [b.strip() for b in cfg.backends.split(",")]
+        netcheck.check_names(os.environ, spans_nodes=info.local_world_size < info.world_size)
         table = self._read_table(cfg)
 
         mpi = self._try("mpi", wanted, lambda: MPIBackend(info))
@@ -120,6 +121,8 @@ class Runtime:
         hosts = launch_env.hosts_by_rank(self.store, info.rank, info.world_size) if info.world_size > 1 else None
         self.topology = Topology(hosts or [socket.gethostname()])
         self.shape = self.topology.shape()
+        if "gloo" in wanted and self.shape.nodes > 1:  # before gloo connects: a wrong network fails named
+            netcheck.check_gloo_reach(self.store, self.topology, info.rank, os.environ)
         table = self._fit_table(table, cfg)  # before gloo starts: a refused table stops every rank alike
         timeout_s = op_timeout_s or cfg.watchdog_timeout_s
         self._try("gloo", wanted, lambda: GlooBackend(self.store, info.rank, info.world_size, timeout_s))

@@ -1,6 +1,7 @@
 """A multi-node test cluster on this machine, by hand (as root):
 
     python -m tests.cluster up --nodes 2 --ranks-per-node 2 [--rate 1gbit] [--no-slurm] [--state DIR]
+    python -m tests.cluster up --fast-network --rate 10gbit --mgmt-rate 1gbit  # eth0 + eth1 (fast) per node
     python -m tests.cluster run node2 -- hostname        # any command, on a node (head: the login node)
     python -m tests.cluster run head -- srun -N2 -n4 --mpi=pmix hostname
     python -m tests.cluster status
@@ -32,6 +33,10 @@ def main(argv=None) -> int:
     parser.add_argument("--nodes", type=int, default=2)
     parser.add_argument("--ranks-per-node", type=int, default=2, help="CPUs each node offers SLURM")
     parser.add_argument("--rate", help="limit every node's link to this rate, in tc's form: 100mbit, 1gbit")
+    parser.add_argument(
+        "--fast-network", action="store_true", help="a second network (eth1) beside the management one (eth0)"
+    )
+    parser.add_argument("--mgmt-rate", help="with --fast-network: limit the management links (--rate: the fast ones)")
     parser.add_argument("--no-slurm", action="store_true", help="namespaces only, no slurmctld/slurmd")
     argv = sys.argv[1:] if argv is None else argv
     own, cmd = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
@@ -47,9 +52,13 @@ def up(args, _cmd) -> int:
     why = missing() or (None if args.no_slurm else slurm_cluster.missing())
     if why:
         raise ClusterError(why)
-    cluster = Cluster(args.state, args.nodes, args.ranks_per_node, args.rate).up()
+    cluster = Cluster(
+        args.state, args.nodes, args.ranks_per_node, args.rate, fast_network=args.fast_network, mgmt_rate=args.mgmt_rate
+    ).up()
+    fast = f", fast network {cluster.fast_subnet} (eth1)" if cluster.fast_network else ""
     print(
-        f"cluster {cluster.prefix}: {', '.join(cluster.nodes)} and {HEAD} on {cluster.subnet}; state in {cluster.state}"
+        f"cluster {cluster.prefix}: {', '.join(cluster.nodes)} and {HEAD} on {cluster.subnet}{fast}; "
+        f"state in {cluster.state}"
     )
     if not args.no_slurm:
         slurm = ClusterSlurm(cluster)
@@ -80,12 +89,16 @@ def run(args, cmd) -> int:
 def status(args, _cmd) -> int:
     cluster = Cluster.load(args.state)
     for node in [HEAD, *cluster.nodes]:
+        fast = f"{cluster.address(node, 'fast'):<16}" if cluster.fast_network and node != HEAD else ""
         print(
-            f"{node:<8}{cluster.address(node):<16}namespace {cluster.netns(node)}, {len(cluster.pids(node))} processes"
+            f"{node:<8}{cluster.address(node):<16}{fast}namespace {cluster.netns(node)}, "
+            f"{len(cluster.pids(node))} processes"
         )
     leftover = cluster.leftovers()
+    mgmt = f", management rate {cluster.mgmt_rate or 'unlimited'}" if cluster.fast_network else ""
     print(
-        f"{len(leftover)} namespaces and links of {cluster.prefix} on this machine; rate {cluster.rate or 'unlimited'}"
+        f"{len(leftover)} namespaces and links of {cluster.prefix} on this machine; "
+        f"rate {cluster.rate or 'unlimited'}{mgmt}"
     )
     return 0
 

@@ -1,5 +1,6 @@
 """Session fixtures: one emulated cluster of 2 nodes x 2 ranks (tests/cluster/nodes.py) with a
-multi-node SLURM on it, shared by every test here and removed at the end, failed tests or not.
+multi-node SLURM on it, shared by every test here and removed at the end, failed tests or not;
+and, for the tests that need them, a second one whose nodes have two networks.
 
 Elsewhere than as root they skip, naming what is missing; as root (CI runs the suite as root
 and installs SLURM) a missing piece fails them, as the single-node SLURM tests do.
@@ -34,10 +35,28 @@ def cluster(tmp_path_factory):
     """node1, node2 (and head); every test's tmp_path, the checkout and the venv are visible on
     each node at the same path (they may lie under /tmp, which each node has its own of)."""
     require_cluster()
-    shared = [str(tmp_path_factory.getbasetemp()), REPO, sys.prefix]
-    nodes = Cluster(str(tmp_path_factory.mktemp("cluster")), NODES, RANKS_PER_NODE, shared=shared)
+    nodes = _up(tmp_path_factory, "cluster")
     try:
         yield nodes.up()
+    finally:
+        nodes.down()
+
+
+def _up(tmp_path_factory, name, **kwargs):
+    shared = [str(tmp_path_factory.getbasetemp()), REPO, sys.prefix]
+    return Cluster(str(tmp_path_factory.mktemp(name)), NODES, RANKS_PER_NODE, shared=shared, **kwargs)
+
+
+@pytest.fixture(scope="session")
+def cluster_2net(tmp_path_factory):
+    """2 x 2 nodes with a management network (eth0: hostnames, each node's own on 127.0.1.1) and a
+    fast one (eth1), with SLURM; the fast links unlimited, as the other cluster's."""
+    require_cluster()
+    nodes = _up(tmp_path_factory, "cluster2net", fast_network=True)
+    try:
+        nodes.up()
+        ClusterSlurm(nodes).start()
+        yield nodes
     finally:
         nodes.down()
 

@@ -1,9 +1,17 @@
 """Nodes of an emulated cluster on this one machine: Linux namespaces on a bridge.
 
 Each node is a network namespace with its own hostname (UTS namespace), its own /tmp and an
-/etc/hosts naming every node (mount namespace), joined by a veth pair to a bridge; the `head`
-node holds the controller daemons. Links between nodes can be rate-limited with tc tbf (netem,
-for delay, is missing from this kernel). Paths under /tmp named as `shared` (the state dir, the
+/etc/hosts naming every node (mount namespace), joined by a veth pair (its eth0) to a bridge; the
+`head` node holds the controller daemons. Links between nodes can be rate-limited with tc tbf
+(netem, for delay, is missing from this kernel).
+
+With `fast_network`, the nodes look like real cluster nodes with two networks: eth0 on the
+management bridge, where hostnames resolve (and each node's own hostname to 127.0.1.1, as
+Debian's installer writes it), and eth1 on a second bridge, the fast network (`nodeN-fast` in
+the hosts file); `rate` then limits the fast links and `mgmt_rate` the management ones. A job
+that names no interface talks over whatever the hostnames give (gloo: its own node's 127.0.1.1,
+so it cannot reach the others; Open MPI: both networks); the system file's `interface` makes
+gloo and Open MPI use eth1. Paths under /tmp named as `shared` (the state dir, the
 test session's temp dir) appear at the same path on every node, as a cluster's shared file
 system would; everything else a node writes to /tmp stays its own.
 
@@ -125,19 +133,37 @@ def unique_prefix() -> str:
     raise ClusterError("no unused cluster name prefix")
 
 
+FAST_IFACE = "eth1"  # the fast network's interface on every node (with fast_network)
+
+
 class Cluster:
-    def __init__(self, state: str, nodes: int = 2, ranks_per_node: int = 2, rate: str | None = None, shared=()):
+    def __init__(
+        self,
+        state: str,
+        nodes: int = 2,
+        ranks_per_node: int = 2,
+        rate: str | None = None,
+        shared=(),
+        fast_network: bool = False,
+        mgmt_rate: str | None = None,
+    ):
         if nodes < 1 or ranks_per_node < 1:
             raise ClusterError(f"a cluster needs at least 1 node and 1 rank per node, not {nodes} x {ranks_per_node}")
-        if rate:
-            bits_per_s(rate)
+        for value in (rate, mgmt_rate):
+            if value:
+                bits_per_s(value)
+        if mgmt_rate and not fast_network:
+            raise ClusterError("--mgmt-rate limits the management network, which only --fast-network adds")
         self.state = os.path.abspath(state)
         self.node_count = nodes
         self.ranks_per_node = ranks_per_node
         self.rate = rate
+        self.fast_network = fast_network
+        self.mgmt_rate = mgmt_rate
         self.shared = sorted({self.state, *map(os.path.abspath, shared)})
         self.prefix = ""
         self.subnet = ""
+        self.fast_subnet = ""
         self.keepers: dict[str, int] = {}
         self._children: list[subprocess.Popen] = []  # keepers this process started: reaped at down
 
@@ -146,24 +172,40 @@ class Cluster:
     def nodes(self) -> list[str]:
         return [f"node{i}" for i in range(1, self.node_count + 1)]
 
-    def address(self, node: str) -> str:
-        """node<i> is .<i>, head .253; this machine's own end of the bridge (outside every node) .254."""
-        hosts = list(ipaddress.ip_network(self.subnet).hosts())
+    def address(self, node: str, network: str = "mgmt") -> str:
+        """node<i> is .<i>, head .253; this machine's own end of the bridge (outside every node) .254.
+        `network`: mgmt (eth0, where hostnames resolve) or fast (eth1, with fast_network)."""
+        hosts = list(ipaddress.ip_network(self.subnet if network == "mgmt" else self.fast_subnet).hosts())
         index = {HEAD: 252, "outside": 253}.get(node)
         return str(hosts[index if index is not None else int(node[len("node") :]) - 1])
 
     def netns(self, node: str) -> str:
         return f"{self.prefix}-{node}"
 
-    def link(self, node: str) -> str:
-        return f"{self.prefix}-{'h' if node == HEAD else node[len('node') :]}"
+    def link(self, node: str, network: str = "mgmt") -> str:
+        return f"{self.prefix}-{'h' if node == HEAD else node[len('node') :]}{'' if network == 'mgmt' else 'f'}"
 
     @property
     def bridge(self) -> str:
         return f"{self.prefix}-br"
 
+    @property
+    def fast_bridge(self) -> str:
+        return f"{self.prefix}-bf"
+
     def save(self) -> None:
-        fields = ("node_count", "ranks_per_node", "rate", "shared", "prefix", "subnet", "keepers")
+        fields = (
+            "node_count",
+            "ranks_per_node",
+            "rate",
+            "shared",
+            "prefix",
+            "subnet",
+            "keepers",
+            "fast_network",
+            "mgmt_rate",
+            "fast_subnet",
+        )
         with open(os.path.join(self.state, STATE_FILE), "w") as f:
             json.dump({key: getattr(self, key) for key in fields}, f, indent=1)
 
@@ -177,8 +219,17 @@ class Cluster:
             raise ClusterError(
                 f"no cluster in {state} (no {STATE_FILE}); start one with `python -m tests.cluster up`"
             ) from None
-        cluster = cls(state, saved["node_count"], saved["ranks_per_node"], saved["rate"], saved["shared"])
+        cluster = cls(
+            state,
+            saved["node_count"],
+            saved["ranks_per_node"],
+            saved["rate"],
+            saved["shared"],
+            saved.get("fast_network", False),
+            saved.get("mgmt_rate"),
+        )
         cluster.prefix, cluster.subnet, cluster.keepers = saved["prefix"], saved["subnet"], saved["keepers"]
+        cluster.fast_subnet = saved.get("fast_subnet", "")
         return cluster
 
     # --- running things on a node ----------------------------------------------------------------
@@ -233,7 +284,13 @@ class Cluster:
                 self.subnet = str(free_subnet())
                 sh("ip", "link", "add", "name", self.bridge, "type", "bridge")
                 sh("ip", "addr", "add", f"{self.address('outside')}/24", "dev", self.bridge)
+                if self.fast_network:  # a second /24: the first is taken now, free_subnet sees it
+                    self.fast_subnet = str(free_subnet())
+                    sh("ip", "link", "add", "name", self.fast_bridge, "type", "bridge")
+                    sh("ip", "addr", "add", f"{self.address('outside', 'fast')}/24", "dev", self.fast_bridge)
             sh("ip", "link", "set", self.bridge, "up")
+            if self.fast_network:
+                sh("ip", "link", "set", self.fast_bridge, "up")
             self.save()
             self._write_hosts()
             for node in [HEAD, *self.nodes]:
@@ -246,10 +303,20 @@ class Cluster:
         return self
 
     def _write_hosts(self) -> None:
+        """One hosts file per node: every node's name on the management network (and, with
+        fast_network, nodeN-fast on the fast one, and the node's own name on 127.0.1.1)."""
         lines = ["127.0.0.1 localhost", f"{self.address(HEAD)} {HEAD}"]
         lines += [f"{self.address(n)} {n}" for n in self.nodes]
-        with open(os.path.join(self.state, "hosts"), "w") as f:
-            f.write("\n".join(lines) + "\n")
+        if self.fast_network:
+            lines += [f"{self.address(n, 'fast')} {n}-fast" for n in self.nodes]
+        for node in [HEAD, *self.nodes]:
+            own = [f"127.0.1.1 {node}"] if self.fast_network and node != HEAD else []  # first match wins
+            os.makedirs(os.path.join(self.state, "nodes", node), exist_ok=True)
+            with open(self.hosts_file(node), "w") as f:
+                f.write("\n".join(own + lines) + "\n")
+
+    def hosts_file(self, node: str) -> str:
+        return os.path.join(self.state, "nodes", node, "hosts")
 
     @property
     def rsh(self) -> str:
@@ -274,28 +341,36 @@ class Cluster:
         os.chmod(self.rsh, 0o755)
 
     def _add_node(self, node: str, deadline_s: float) -> None:
-        ns, link, peer = self.netns(node), self.link(node), f"{self.link(node)}p"
+        ns = self.netns(node)
         sh("ip", "netns", "add", ns)
+        sh("ip", "-n", ns, "link", "set", "lo", "up")
+        # with a fast network, `rate` limits it and `mgmt_rate` the management one
+        self._add_link(node, "mgmt", "eth0", self.bridge, self.mgmt_rate if self.fast_network else self.rate)
+        if self.fast_network and node != HEAD:  # the login node sits on the management network only
+            self._add_link(node, "fast", FAST_IFACE, self.fast_bridge, self.rate)
+        self.keepers[node] = self._start_keeper(node, deadline_s)
+
+    def _add_link(self, node: str, network: str, iface: str, bridge: str, rate: str | None) -> None:
+        ns, link = self.netns(node), self.link(node, network)
+        peer = f"{link}p"
         sh("ip", "link", "add", "name", link, "type", "veth", "peer", "name", peer)
         sh("ip", "link", "set", peer, "netns", ns)
-        sh("ip", "link", "set", link, "master", self.bridge, "up")
+        sh("ip", "link", "set", link, "master", bridge, "up")
         inside = ["ip", "-n", ns]
-        sh(*inside, "link", "set", peer, "name", "eth0")
-        sh(*inside, "addr", "add", f"{self.address(node)}/24", "dev", "eth0")
-        sh(*inside, "link", "set", "eth0", "up")
-        sh(*inside, "link", "set", "lo", "up")
-        if self.rate and node != HEAD:  # both directions of the node's link: its egress, and the bridge's into it
-            burst = max(int(bits_per_s(self.rate) / 8 / 100), 256 * 1024)  # 10 ms of traffic, 4 GSO packets at least
-            tbf = ["root", "tbf", "rate", self.rate, "burst", str(burst), "latency", "50ms"]
-            sh("tc", "-n", ns, "qdisc", "add", "dev", "eth0", *tbf)
+        sh(*inside, "link", "set", peer, "name", iface)
+        sh(*inside, "addr", "add", f"{self.address(node, network)}/24", "dev", iface)
+        sh(*inside, "link", "set", iface, "up")
+        if rate and node != HEAD:  # both directions of the node's link: its egress, and the bridge's into it
+            burst = max(int(bits_per_s(rate) / 8 / 100), 256 * 1024)  # 10 ms of traffic, 4 GSO packets at least
+            tbf = ["root", "tbf", "rate", rate, "burst", str(burst), "latency", "50ms"]
+            sh("tc", "-n", ns, "qdisc", "add", "dev", iface, *tbf)
             sh("tc", "qdisc", "add", "dev", link, *tbf)
-        self.keepers[node] = self._start_keeper(node, deadline_s)
 
     def _start_keeper(self, node: str, deadline_s: float) -> int:
         """`sleep infinity` in the node's namespaces, after giving them its hostname, hosts file and /tmp."""
         node_tmp = os.path.join(self.state, "nodes", node, "tmp")
         os.makedirs(node_tmp, exist_ok=True)
-        setup = [f"hostname {node}", f"mount --bind {shlex.quote(os.path.join(self.state, 'hosts'))} /etc/hosts"]
+        setup = [f"hostname {node}", f"mount --bind {shlex.quote(self.hosts_file(node))} /etc/hosts"]
         for path in self.shared:  # bound into the node's /tmp before it replaces the machine's
             if path.startswith("/tmp/"):
                 inner = os.path.join(node_tmp, os.path.relpath(path, "/tmp"))

@@ -91,6 +91,21 @@ def test_every_script_sets_up_the_environment_the_trainers_read():
         assert 'out_dir="$JOB_DIR" name="moe-$JOB_ID"' in text
 
 
+def test_a_system_naming_the_fast_interface_sends_gloo_nccl_and_open_mpi_over_it_and_keeps_the_hostname():
+    text = script("local", interface="ib0")
+    exported = text.split("\nexport LOCAL_WORLD_SIZE ", 1)[1].split("\n")[0].split()
+    for var in (
+        "GLOO_SOCKET_IFNAME",
+        "NCCL_SOCKET_IFNAME",
+        "OMPI_MCA_btl_tcp_if_include",
+        "PRTE_MCA_oob_tcp_if_include",
+    ):
+        assert f"\n{var}=ib0\n" in text and var in exported, var
+    assert "\nMASTER_ADDR=$(scontrol show hostnames" in text  # the store listens on every interface
+    assert "GLOO_SOCKET_IFNAME" not in script("local")  # none named: the libraries' own choice
+    assert "-x GLOO_SOCKET_IFNAME" in script("thetagpu", interface="ib0")  # mpirun forwards it to every node
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
