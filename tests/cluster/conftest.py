@@ -8,7 +8,6 @@ and installs SLURM) a missing piece fails them, as the single-node SLURM tests d
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
@@ -16,7 +15,6 @@ from tests.cluster.nodes import Cluster, missing
 from tests.cluster.slurm import ClusterSlurm
 from tests.launch import slurm_cluster
 from tests.launch.conftest import ops_cache, write_test_system  # noqa: F401 (ops_cache: a fixture used here)
-from tests.ranks import REPO
 
 NODES, RANKS_PER_NODE = 2, 2
 
@@ -34,7 +32,7 @@ def cluster(tmp_path_factory):
     """node1, node2 (and head); every test's tmp_path, the checkout and the venv are visible on
     each node at the same path (they may lie under /tmp, which each node has its own of)."""
     require_cluster()
-    shared = [str(tmp_path_factory.getbasetemp()), REPO, sys.prefix]
+    shared = [str(tmp_path_factory.getbasetemp())]
     nodes = Cluster(str(tmp_path_factory.mktemp("cluster")), NODES, RANKS_PER_NODE, shared=shared)
     try:
         yield nodes.up()

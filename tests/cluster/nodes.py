@@ -31,8 +31,11 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from contextlib import contextmanager
+
+from tests.ranks import REPO
 
 STATE_FILE = "cluster.json"
 LOCK = "/run/lock/mcr-test-cluster.lock"  # held while a cluster picks its subnet, so two never pick one
@@ -135,7 +138,8 @@ class Cluster:
         self.node_count = nodes
         self.ranks_per_node = ranks_per_node
         self.rate = rate
-        self.shared = sorted({self.state, *map(os.path.abspath, shared)})
+        # the checkout and the Python that runs it are on every node, wherever they lie (CI clones under /tmp)
+        self.shared = sorted({self.state, REPO, sys.prefix, *map(os.path.abspath, shared)})
         self.prefix = ""
         self.subnet = ""
         self.keepers: dict[str, int] = {}
