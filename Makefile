@@ -46,7 +46,7 @@ CONFORMANCE_RANKS ?= 2 3 4 8
 conformance: setup
 	mkdir -p runs/conformance
 	set -e; for n in $(CONFORMANCE_RANKS); do \
-		WORLD_SIZE=$$n $(PY) -m pytest -q -p no:cacheprovider tests/conformance --ignore=tests/conformance/test_mpi_world.py \
+		C10D_START=spawn WORLD_SIZE=$$n $(PY) -m pytest -q -p no:cacheprovider tests/conformance --ignore=tests/conformance/test_mpi_world.py \
 			--junitxml=runs/conformance/spawn-$$n.xml || status=1; \
 		$(PY) -m tests.conformance.mpi_world -n $$n > runs/conformance/mpi-world-$$n.txt || status=1; \
 		head -1 runs/conformance/mpi-world-$$n.txt; tail -1 runs/conformance/mpi-world-$$n.txt; \

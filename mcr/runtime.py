@@ -584,24 +584,15 @@ class Runtime:
             comm_log.record(*op, time.perf_counter() - started)
 
     def _run_async(self, op, group, fn, comm, args, logged=True):
-        started = time.perf_counter()
+        logged = logged and self.comm_log is not None
+        started = time.perf_counter() if logged else 0.0
         try:
             handle = fn(comm, *args, True)
         except Exception as exc:
             raise self._error(op, group, exc) from exc
         handle = self._watched(handle, op, group, started, logged)
         handle.op = op
-        self.hold(None if op.family == "send_recv" else comm, handle)
-        if op.backend in self._needs_driving:
-            with self._in_flight_lock:
-                driven = self._driven
-                # Completed handles leave here too: _drive, which also drops them, runs only when
-                # a rank blocks on another backend, so an MPI-only job kept every handle (and the
-                # garbage collector walked them all: +4 us per async call after 180k calls).
-                if len(driven) >= self._driven_sweep_at:
-                    driven = self._driven = [h for h in driven if not h._done]
-                    self._driven_sweep_at = max(64, 2 * len(driven))
-                driven.append(handle)
+        self.hold(None if op.family == "send_recv" else comm, handle, op.backend in self._needs_driving)
         return handle
 
     def _run_driving(self, op, group, fn, comm, args, logged):
@@ -700,33 +691,43 @@ class Runtime:
         self.hold(comm, handle)  # the caller may drop it: its post-step (AVG) must still run
         return handle
 
-    def hold(self, comm, handle):
+    def hold(self, comm, handle, driven=False):
         """Keep an async op's handle until the op completes, so that a caller dropping it frees
         neither the request nor the buffers under the backend (mpi4py keeps neither alive), and
         its post-steps (AVG's divide, copy-outs) still run. `comm`: the communicator of a
-        collective, whose later blocking ops complete it first; None for send/recv. Earlier
-        handles are tested outside the lock: testing runs their finishers."""
+        collective, whose later blocking ops complete it first; None for send/recv. `driven`:
+        the backend progresses only inside its calls (rule 3). Handles are tested outside the
+        lock (testing runs their finishers); a sweep tests them all once the list grows."""
         in_flight, lock = self._in_flight, self._in_flight_lock
         with lock:
-            oldest = in_flight[0][1] if in_flight else None
-            # past the threshold an old op is still pending (a receive waiting for its send): test all
-            sweep = [entry[1] for entry in in_flight] if len(in_flight) >= self._sweep_at else None
-        if oldest is not None:
-            oldest.is_completed()  # ops complete roughly in issue order
-        for earlier in sweep or ():
-            earlier.is_completed()
-        with lock:
-            while in_flight and in_flight[0][1]._done:
+            while in_flight and in_flight[0][1]._done:  # ops complete roughly in issue order
                 in_flight.popleft()
             in_flight.append((comm, handle))
-            if sweep is not None:
-                kept = [entry for entry in in_flight if not entry[1]._done]
-                in_flight.clear()
-                in_flight.extend(kept)
-                self._sweep_at = max(64, 2 * len(kept))
+            sweep = len(in_flight) >= self._sweep_at  # an old op is still pending (a receive waiting for its send)
+            if driven:
+                # Completed handles leave here too: _drive, which also drops them, runs only when
+                # a rank blocks on another backend, so an MPI-only job kept every handle (and the
+                # garbage collector walked them all: +4 us per async call after 180k calls).
+                if len(self._driven) >= self._driven_sweep_at:
+                    self._driven = [h for h in self._driven if not h._done]
+                    self._driven_sweep_at = max(64, 2 * len(self._driven))
+                self._driven.append(handle)
+        if sweep:
+            self._sweep()
         progress = self.progress
         if progress is not None and progress.idle:
             progress.poke()
+
+    def _sweep(self):
+        with self._in_flight_lock:
+            pending = [entry[1] for entry in self._in_flight]
+        for handle in pending:
+            handle.is_completed()  # MPI_Test moves MPI's progress engine; finishers run here
+        with self._in_flight_lock:
+            kept = [entry for entry in self._in_flight if not entry[1]._done]
+            self._in_flight.clear()
+            self._in_flight.extend(kept)
+            self._sweep_at = max(64, 2 * len(kept))
 
     def in_flight_handles(self) -> list:
         with self._in_flight_lock:

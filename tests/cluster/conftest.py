@@ -9,7 +9,6 @@ and installs SLURM) a missing piece fails them, as the single-node SLURM tests d
 from __future__ import annotations
 
 import os
-import sys
 
 import pytest
 
@@ -17,7 +16,6 @@ from tests.cluster.nodes import Cluster, missing
 from tests.cluster.slurm import ClusterSlurm
 from tests.launch import slurm_cluster
 from tests.launch.conftest import ops_cache, write_test_system  # noqa: F401 (ops_cache: a fixture used here)
-from tests.ranks import REPO
 
 NODES, RANKS_PER_NODE = 2, 2
 
@@ -43,7 +41,7 @@ def cluster(tmp_path_factory):
 
 
 def _up(tmp_path_factory, name, **kwargs):
-    shared = [str(tmp_path_factory.getbasetemp()), REPO, sys.prefix]
+    shared = [str(tmp_path_factory.getbasetemp())]
     return Cluster(str(tmp_path_factory.mktemp(name)), NODES, RANKS_PER_NODE, shared=shared, **kwargs)
 
 

@@ -39,8 +39,11 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from contextlib import contextmanager
+
+from tests.ranks import REPO
 
 STATE_FILE = "cluster.json"
 LOCK = "/run/lock/mcr-test-cluster.lock"  # held while a cluster picks its subnet, so two never pick one
@@ -160,7 +163,8 @@ class Cluster:
         self.rate = rate
         self.fast_network = fast_network
         self.mgmt_rate = mgmt_rate
-        self.shared = sorted({self.state, *map(os.path.abspath, shared)})
+        # the checkout and the Python that runs it are on every node, wherever they lie (CI clones under /tmp)
+        self.shared = sorted({self.state, REPO, sys.prefix, *map(os.path.abspath, shared)})
         self.prefix = ""
         self.subnet = ""
         self.fast_subnet = ""

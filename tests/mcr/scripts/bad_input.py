@@ -134,9 +134,12 @@ expect_error(
     lambda: mcr.all_to_all_single(torch.empty(2), torch.empty(2), [1, 1], [3, -1]),
 )
 # point to point
-expect_error(r"mcr.recv: pass the peer rank \(receiving from any source is not supported\)", lambda: mcr.recv(t))
-expect_error(r"mcr.irecv: pass the peer rank", lambda: mcr.irecv(t, None))
-expect_error(r"mcr.send: pass the peer rank", lambda: mcr.send(t, None))
+expect_error(r"mcr.send: pass the destination rank", lambda: mcr.send(t, None))
+expect_error(r"mcr.isend: pass the destination rank", lambda: mcr.isend(t, None))
+expect_error(
+    r"mcr.all_reduce: torch.sparse_coo tensors are not supported; pass t.to_dense\(\)",
+    lambda: mcr.all_reduce(torch.ones(2).to_sparse()),
+)
 
 mcr.barrier(backend=have)
 print(f"rank {rank}: bad input OK", flush=True)
