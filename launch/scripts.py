@@ -100,6 +100,15 @@ def _exports(job: Job) -> dict[str, str]:
         "MKL_NUM_THREADS": str(s.cpus_per_task),
         "TORCH_EXTENSIONS_DIR": "$RUN_DIR/torch_extensions",
     }
+    if s.interface:  # the fast network: gloo, NCCL and Open MPI (its data and its daemons' wire-up) use it
+        nic = shlex.quote(s.interface)
+        for key in (
+            "GLOO_SOCKET_IFNAME",
+            "NCCL_SOCKET_IFNAME",
+            "OMPI_MCA_btl_tcp_if_include",
+            "PRTE_MCA_oob_tcp_if_include",
+        ):
+            env[key] = nic
     return {**env, **{key: shlex.quote(value) for key, value in s.env.items()}}
 
 
