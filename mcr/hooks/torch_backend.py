@@ -234,10 +234,11 @@ class RuntimeProcessGroup(dist.ProcessGroup):
         return DONE
 
 
-# torch hands a fresh ReduceOp per call; mapping it to one canonical enum object lets the
-# runtime's choice cache match by identity (a pybind enum compare costs ~0.4 µs).
+# torch hands a fresh ReduceOp per call; mapping it (by its enum's int, the cheapest key: a
+# pybind enum hashes in ~0.4 µs) to one canonical enum object lets the runtime's choice cache
+# match by identity.
 _CANONICAL_OPS = {
-    op: op
+    int(op): op
     for op in (
         ReduceOp.SUM,
         ReduceOp.AVG,
@@ -252,7 +253,7 @@ _CANONICAL_OPS = {
 
 
 def _op(reduce_op):
-    op = _CANONICAL_OPS.get(reduce_op.op)
+    op = _CANONICAL_OPS.get(reduce_op.op.value)
     if op is None:
         raise ValueError(
             f"mcr backend: reduce op {reduce_op.op} is not supported (PREMUL_SUM: scale the tensor, then use SUM)"
