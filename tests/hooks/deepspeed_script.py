@@ -100,6 +100,11 @@ def main(mode):
         print(f"COMMLOG {rank} {json.dumps(rows)}", flush=True)
     torch.distributed.barrier()  # no rank tears gloo down while its peer still talks
     torch.distributed.destroy_process_group()
+    # DeepSpeed's engines still hold plain gloo's groups, whose worker threads may drop a tensor
+    # while Python finalizes: "terminate called without an active exception" in
+    # ProcessGroupGloo::runLoop (seen once in the gloo reference run, under load). Leave at once.
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
