@@ -136,8 +136,15 @@ class TuningTable:
     def lookup(
         self, op: str, nbytes: int, group_size: int, dtype: str, nodes: Optional[int] = None
     ) -> Optional[Choice]:
-        """The choice for a group of `group_size` ranks on `nodes` nodes: an entry for that shape,
-        else one for any shape (tables measured on one node, or before nodes were recorded)."""
+        """The choice for a group of `group_size` ranks on `nodes` nodes (see `find`)."""
+        entry = self.find(op, nbytes, group_size, dtype, nodes)
+        return None if entry is None else entry.choice
+
+    def find(self, op: str, nbytes: int, group_size: int, dtype: str, nodes: Optional[int] = None) -> Optional[Entry]:
+        """The entry that decides for a group of `group_size` ranks on `nodes` nodes: one for that
+        shape, else one for any shape (tables measured on one node, or before nodes were
+        recorded); per key, one for the dtype before one for any dtype. Within a key the entry
+        with the largest `min_bytes` at or below `nbytes` decides, or none if it ends below."""
         keys = [(op, group_size, None, dtype), (op, group_size, None, "any")]
         if nodes is not None:
             keys[:0] = [(op, group_size, nodes, dtype), (op, group_size, nodes, "any")]
@@ -148,7 +155,7 @@ class TuningTable:
             lows, rows = found
             i = bisect.bisect_right(lows, nbytes) - 1
             if i >= 0 and (rows[i].max_bytes is None or nbytes < rows[i].max_bytes):
-                return rows[i].choice
+                return rows[i]
         return None
 
     @property
