@@ -201,7 +201,7 @@ class Runtime:
             return "no tuning table"
         if table.online:
             return f"tuning online ({table.path})"
-        return f"tuning table {table.path} (measured for {table.shape_text()})"
+        return f"tuning table {table.path} (measured for {table.shape_text()}; {table.fingerprint_text()})"
 
     def _try(self, name, wanted, make):
         if name not in wanted:

@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import bisect
 import fnmatch
+import json
 import os
 import socket
 import tempfile
+import zlib
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar, Dict, List, Optional
 
@@ -259,3 +261,16 @@ class TuningTable:
         elif fp.get("ranks_per_node"):
             parts.append(f"{fp['ranks_per_node']} ranks per node")
         return ", ".join(parts)
+
+    def fingerprint_text(self) -> str:
+        """`fingerprint 5f0c2a1e (hosts 'vm', torch 2.13.0, mpi Open MPI v5.0.11, ...)`: a digest
+        that tells two tables' machines apart at a glance, and what it was taken from."""
+        fp = self.fingerprint
+        if not fp:
+            return "no fingerprint"
+        digest = zlib.crc32(json.dumps(fp, sort_keys=True, default=str).encode())
+        parts = [f"hosts {fp['hostname']!r}"] if fp.get("hostname") else []
+        if fp.get("device"):
+            parts.append(str(fp["device"]))
+        parts += [f"{name} {version}" for name, version in (fp.get("versions") or {}).items()]
+        return f"fingerprint {digest:08x}" + (f" ({', '.join(parts)})" if parts else "")
