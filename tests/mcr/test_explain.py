@@ -117,12 +117,19 @@ def test_a_table_for_another_shape_is_flagged(tmp_path, fingerprint, asked, said
 ROUTE_TABLE = [
     {"op": "all_reduce", "min_bytes": 0, "max_bytes": 1024, "backend": "gloo"},
     {"op": "all_reduce", "min_bytes": 1024, "max_bytes": 65536, "backend": "mpi"},
-    {"op": "all_reduce", "min_bytes": 65536, "max_bytes": None, "backend": "mpi", "chunk_bytes": 16384},
+    {"op": "all_reduce", "min_bytes": 65536, "max_bytes": None, "backend": "mpi", "chunk_bytes": 65536},
     {"op": "all_gather", "min_bytes": 0, "max_bytes": None, "backend": "mpi", "inter": "gloo"},
     {"op": "broadcast", "min_bytes": 0, "max_bytes": None, "backend": "nccl"},  # no GPU here: a fallback
     {"op": "reduce_scatter", "min_bytes": 0, "max_bytes": 256, "backend": "gloo"},  # a gap above
 ]
-ROUTE_CALLS = ["all_reduce:64", "all_reduce:4096", "all_reduce:16384", "all_reduce:1048576", "all_gather:4096"]
+ROUTE_CALLS = [
+    "all_reduce:64",
+    "all_reduce:4096",
+    "all_reduce:16384",
+    "all_reduce:65536",
+    "all_reduce:131072",
+    "all_gather:4096",
+]
 ROUTE_CALLS += ["broadcast:16", "reduce_scatter:64", "reduce_scatter:65536"]
 
 
@@ -148,7 +155,8 @@ def test_the_printed_route_for_each_size_is_the_one_a_2_rank_runtime_takes(route
         label, shown, _ = printed[op, int(size)]
         assert (label.split("/chunk=")[0], shown) == (backend, "-" if chunk == "-" else short_bytes(int(chunk))), call
     # the routes exercise every kind of rule
-    assert printed["all_reduce", 1 << 20][:2] == ("mpi/chunk=16K", "16K")
+    assert printed["all_reduce", 1 << 17][:2] == ("mpi/chunk=64K", "64K")  # two chunks
+    assert printed["all_reduce", 1 << 16][:2] == ("mpi/chunk=64K", "-")  # one chunk: runs whole
     assert printed["all_gather", 4096][0] == "node:mpi+gloo"
     assert "nccl is unavailable" in printed["broadcast", 16][2] and printed["broadcast", 16][0] == "mpi"
     assert "built-in order" in printed["reduce_scatter", 65536][2]
@@ -157,4 +165,4 @@ def test_the_printed_route_for_each_size_is_the_one_a_2_rank_runtime_takes(route
 def test_a_fallback_at_run_time_is_said_once_on_rank_0_with_its_reason(route_job):
     path, out = route_job
     said = re.findall(r"mcr: nccl \(the tuning table .*\) is unavailable \((.*)\); using mpi for broadcast", out)
-    assert len(said) == 1 and said[0], out[-3000:]  # three broadcasts on two ranks, said once
+    assert len(said) == 1 and said[0], out[-3000:]  # three choices on two ranks, said once
