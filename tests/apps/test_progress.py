@@ -10,6 +10,8 @@ import subprocess
 import sys
 import termios
 
+import pytest
+
 from apps.common.metrics import STDOUT_TTY_ENV, stdout_is_terminal
 from tests.ranks import REPO, rank_env
 
@@ -47,16 +49,17 @@ def read_through_pty(cmd, env) -> str:
     return b"".join(chunks).decode(errors="replace")
 
 
-def test_a_tiny_trainer_writing_to_a_pipe_prints_step_lines_and_no_bar_frames(tmp_path):
-    cmd = [sys.executable, "-m", "launch.local", "-n", "2", "-m", "apps.dense", "--config", DENSE_TINY]
+@pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])  # a pty per rank; the pipe itself
+def test_a_tiny_trainer_writing_to_a_pipe_prints_step_lines_and_no_bar_frames(tmp_path, launcher):
+    cmd = [sys.executable, "-m", "launch.local", "-n", "2", "--launcher", launcher, "-m", "apps.dense"]
+    cmd += ["--config", DENSE_TINY]
     cmd += [f"out_dir={tmp_path}", "name=piped", "progress=true", "log_interval=2"]
-    proc = subprocess.run(
-        cmd, cwd=REPO, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=400
-    )
-    assert proc.returncode == 0, proc.stdout[-6000:]
-    assert "\r" not in proc.stdout, proc.stdout[-3000:]
-    steps = [line.split(" | ")[0] for line in proc.stdout.splitlines() if line.startswith("step ")]
-    assert steps == ["step 2/8", "step 4/8", "step 6/8", "step 8/8"], proc.stdout[-3000:]
+    proc = subprocess.run(cmd, cwd=REPO, env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=400)
+    out = proc.stdout.decode()  # as bytes: text mode would turn each CR into a newline
+    assert proc.returncode == 0, out[-6000:]
+    assert "\r" not in out and "piped:" not in out, repr(out[-3000:])  # no frame of a bar named after the run
+    steps = [line.split(" | ")[0] for line in out.splitlines() if line.startswith("step ")]
+    assert steps == ["step 2/8", "step 4/8", "step 6/8", "step 8/8"], out[-3000:]
 
 
 def test_a_terminal_gets_the_bar(tmp_path):
@@ -78,7 +81,7 @@ def test_a_terminal_gets_the_bar_through_mpiexec_and_a_log_file_does_not(tmp_pat
     assert re.search(r"\rtiny:\s+\d+%\|", read_through_pty(cmd, rank_env()))
     with open(tmp_path / "job.log", "w") as log:  # a batch job's output file
         subprocess.run(cmd, cwd=REPO, env=rank_env(), stdout=log, stderr=subprocess.STDOUT, timeout=120, check=True)
-    logged = (tmp_path / "job.log").read_text()
+    logged = (tmp_path / "job.log").read_bytes().decode()  # read_text would turn each CR into a newline
     assert "\r" not in logged and "tiny:" not in logged and "step 3/3 | loss 1.0000" in logged, repr(logged)
 
 
