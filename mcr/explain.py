@@ -118,11 +118,12 @@ def span(low: int, high) -> str:
     return f"[{short_bytes(low)}, {'inf' if high is None else short_bytes(high)})"
 
 
-def problems(table: TuningTable, ops, dtypes, shape: Shape, hostname=None) -> list:
-    """Lines naming each gap, overlap and shape mismatch, for the ops and dtypes asked."""
+def problems(table: TuningTable, ops, dtypes, shape: Shape, hostname=None, check_shape=True) -> list:
+    """Lines naming each gap, overlap and (`check_shape`) shape mismatch, for the ops and dtypes asked."""
     out = []
     try:
-        table.check_fits(shape.ranks, hostname=hostname, ranks_per_node=shape.per_node, nodes=shape.nodes)
+        if check_shape:  # as Runtime._fit_table does without tuning_predict
+            table.check_fits(shape.ranks, hostname=hostname, ranks_per_node=shape.per_node, nodes=shape.nodes)
     except TuningTableError as exc:
         out.append(f"another shape: {exc}")
     # the job's world group, and the other group sizes the table has entries for
@@ -204,7 +205,9 @@ def main(argv=None) -> int:
     parser.add_argument("--sizes", help="comma-separated message sizes, e.g. 4,64K,16M (default: 4 B-64 MiB)")
     parser.add_argument("--device", choices=("cpu", "cuda"), help="tensors' device (default: the table's)")
     parser.add_argument("--backends", help="backends the job will have (default: MCR_BACKENDS, where available)")
-    parser.add_argument("--predict", action="store_true", help="use the table through its model (tuning_predict)")
+    parser.add_argument(
+        "--predict", action="store_true", help="another world size: use the table through its model (tuning_predict)"
+    )
     parser.add_argument("--hostname", help="host the job will run on, for the fingerprint check (default: this one)")
     parser.add_argument("--check", action="store_true", help="exit 1 when the table has a problem")
     args = parser.parse_args(argv)
@@ -229,11 +232,13 @@ def main(argv=None) -> int:
     if bad:
         parser.error(f"unknown op or dtype {', '.join(bad)}; ops: {', '.join(OP_FAMILIES)}")
 
-    found = problems(table, ops, dtypes, shape, args.hostname) if table is not None else []
+    predicted = table is not None and args.predict and table.fingerprint.get("world_size") not in (None, shape.ranks)
     if table is not None and args.predict:
         from .tuning.model import predict_table  # as Runtime._fit_table does with tuning_predict
 
         table = predict_table(table, shape.ranks, shape.per_node, nodes=shape.nodes)
+    # with --predict the job uses the table reshaped, and nothing checks its shape: its gaps count
+    found = problems(table, ops, dtypes, shape, args.hostname, not args.predict) if table is not None else []
     if args.sizes:
         sizes = {op: [parse_bytes(s) for s in args.sizes.split(",")] for op in ops}
     else:  # the sweep, and each of the op's table boundaries inside it
@@ -248,7 +253,8 @@ def main(argv=None) -> int:
     policy = Policy(cfg.overrides, cfg.backend)
 
     if table is not None:
-        print(f"tuning table {table.path}: measured for {table.shape_text()}; {table.fingerprint_text()}")
+        how = "predicted by its model for" if predicted else "measured for"
+        print(f"tuning table {table.path}: {how} {table.shape_text()}; {table.fingerprint_text()}")
         absent = [f for f in ops if f not in in_table]
         if absent:
             print(f"not in the table (the default rule decides): {', '.join(absent)}")
