@@ -76,7 +76,7 @@ class Selection(NamedTuple):
 
 def entry_text(table: TuningTable, entry) -> str:
     """`entry 2: all_reduce [0, 1M)`: where to look in the file (entries counted from 0)."""
-    index = next(i for i, e in enumerate(table.entries) if e is entry)
+    index = table.position(entry)  # a dict look-up: made on every new kind of call
     high = "inf" if entry.max_bytes is None else short_bytes(entry.max_bytes)
     where = f" on {entry.nodes} node(s)" if entry.nodes is not None else ""
     dtype = f" {entry.dtype}" if entry.dtype != "any" else ""

@@ -152,7 +152,7 @@ def problems(table: TuningTable, ops, dtypes, shape: Shape, hostname=None, check
         high = _lower(a.max_bytes, b.max_bytes)
         out.append(
             f"overlap: {entry_text(table, a)} and {entry_text(table, b)} meet on {span(b.min_bytes, high)}; "
-            f"the lookup takes entry {table.entries.index(b)} from {short_bytes(b.min_bytes)} on"
+            f"the lookup takes entry {table.position(b)} from {short_bytes(b.min_bytes)} on"
         )
     return out
 

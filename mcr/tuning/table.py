@@ -130,6 +130,7 @@ class TuningTable:
     def __post_init__(self):
         # (op, group_size, nodes, dtype) -> (sorted lower bounds, entries) for a bisect per lookup
         self._index = {}
+        self._position = {id(e): i for i, e in enumerate(self.entries)}  # where an entry is in the file
         for e in sorted(self.entries, key=lambda e: e.min_bytes):
             lows, rows = self._index.setdefault((e.op, e.group_size, e.nodes, e.dtype), ([], []))
             lows.append(e.min_bytes)
@@ -159,6 +160,10 @@ class TuningTable:
             if i >= 0 and (rows[i].max_bytes is None or nbytes < rows[i].max_bytes):
                 return rows[i]
         return None
+
+    def position(self, entry: Entry) -> int:
+        """The entry's index in `entries` (counted from 0, as a reader of the file counts them)."""
+        return self._position[id(entry)]
 
     @property
     def device(self) -> str:
