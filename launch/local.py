@@ -52,7 +52,10 @@ def main(argv=None) -> int:
     if args.launcher == "torchrun" and target[0] == "-m":
         target = ["--module"] + target[1:]
     make = mpiexec_command if args.launcher == "mpiexec" else torchrun_command
-    return subprocess.call(make(args.nprocs, target))
+    # the ranks cannot see it themselves (mpiexec gives each a pty): the trainers draw a
+    # progress bar only on a terminal (apps.common.metrics.stdout_is_terminal)
+    env = dict(os.environ, LAUNCH_STDOUT_TTY="1" if sys.stdout.isatty() else "0")
+    return subprocess.call(make(args.nprocs, target), env=env)
 
 
 if __name__ == "__main__":

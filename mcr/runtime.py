@@ -50,24 +50,20 @@ from .backends.base import Backend, BackendUnavailable
 from .backends.mpi import MPIBackend
 from .backends.torch_dist import GlooBackend, NcclBackend
 from .callbacks import CallbackThread
+from .choose import BUILTIN_ORDER, Call, Policy, require, select_backend, table_rule
 from .commlog import CommLog
 from .config import ConfigError, RuntimeConfig
 from .debug import CallChecker
 from .group import Group
 from .handle import Handle
 from .mpi_driver import MPIDriver
-from .ops import dtype_name
 from .progress import ProgressThread
 from .topology import Topology
-from .tuning.candidates import NODE_PREFIX, is_node_aware, label, parse_label
+from .tuning.candidates import label
 from .tuning.table import Choice, TuningTable
 from .watchdog import Watchdog
 
 log = logging.getLogger("mcr")
-
-# Built-in preference when neither an override, a table nor a default backend decides:
-# measured on CPU, MPI beats gloo at every size; on GPU nccl is the reference.
-BUILTIN_ORDER = {"cpu": ("mpi", "gloo"), "cuda": ("nccl", "mpi", "gloo")}
 
 
 class CommError(RuntimeError):
@@ -205,7 +201,7 @@ class Runtime:
             return "no tuning table"
         if table.online:
             return f"tuning online ({table.path})"
-        return f"tuning table {table.path} (measured for {table.shape_text()})"
+        return f"tuning table {table.path} (measured for {table.shape_text()}; {table.fingerprint_text()})"
 
     def _try(self, name, wanted, make):
         if name not in wanted:
@@ -430,7 +426,6 @@ class Runtime:
         if not group.is_member:
             raise ValueError(f"mcr.{family}: rank {self.rank} is not a member of {group}")
         backend, chunk, plan = self._decide(family, nbytes, group, dtype, device_type, explicit, reduce_op)
-        chunk = chunk if family == "all_reduce" else 0  # only all-reduces run chunked
         name = backend.name if plan is None else plan.label
         found = Route(backend, chunk, OpCall(family, name, nbytes, group.size), plan)
         if len(self._choices) > 65536:
@@ -439,106 +434,35 @@ class Runtime:
         return found
 
     def _decide(self, family, nbytes, group, dtype, device_type, explicit, reduce_op):
-        """(backend, chunk bytes, node plan or None); `name` below may be a node-aware label."""
-        chunk, inter = 0, ""
-        if explicit is not None:
-            name, why = explicit, "asked for by backend="
-            self._require(name, family, why)
-        elif self._forced is not None:
-            name, why = self._forced, "forced by force_backend()"
-        elif self.cfg.overrides.get(family, "auto") != "auto":
-            name, why = self.cfg.overrides[family], f"the override for {family}"
-            self._require(name, family, why)
-        else:
-            table = self.table
-            if table is None or device_type != table.device:
-                entry = None  # a table speaks for the device its tensors were measured on
-            elif table.online:  # may measure the candidates now, together with the group
-                entry = table.decide(family, nbytes, group, dtype, device_type, reduce_op)
-            else:
-                entry = table.lookup(family, nbytes, group.size, dtype_name(dtype), group.nodes)
-            if entry is not None:
-                name, chunk, inter = entry.backend, entry.chunk_bytes, entry.inter
-                why = f"the tuning table {self.table.path}"
-            elif self.cfg.backend != "auto":
-                name, why = self.cfg.backend, "the default backend"
-                self._require(name, family, why)
-            else:
-                order = BUILTIN_ORDER[device_type]
-                name = next((n for n in order if n in self.backends), order[-1])
-                why = "the built-in order"
-        if is_node_aware(name):
-            choice = parse_label(name)
-            name, inter = choice.backend, choice.inter
-        if inter:
-            return self._node_plan(family, group, name, inter, dtype, device_type, reduce_op, why)
-        backend = self.backends.get(name)
-        if backend is None or not backend.supports(family, dtype, reduce_op, device_type):
-            backend = self._fallback(name, family, dtype, device_type, reduce_op, why)
-            chunk = 0
-        return backend, chunk, None
+        """(backend, chunk bytes, node plan or None) by `mcr.choose.select_backend`, the pure
+        choice `python -m mcr.explain` runs too; its notes (a fallback, a node-aware candidate
+        run flat) are said here, each once."""
+        call = Call(
+            family, nbytes, group.size, group.nodes, dtype, device_type, reduce_op, explicit, group.shape, group.gid
+        )
+        policy = Policy(self.cfg.overrides, self.cfg.backend, self._forced)
+        picked = select_backend(call, policy, self.backends, self.unavailable, lambda: self._from_table(call, group))
+        for note in picked.notes:
+            if note.key not in self._warned and (group.rank if note.by_group else self.rank) == 0:
+                log.warning("mcr: %s", note.text)
+            self._warned.add(note.key)
+        backend = self.backends[picked.backend]
+        if picked.intra:
+            return backend, 0, NodePlan(self.backends[picked.intra], backend, picked.label)
+        return backend, picked.chunk_bytes, None
 
-    def _node_plan(self, family, group, intra_name, inter_name, dtype, device_type, reduce_op, why):
-        """A node-aware candidate for this call, or the flat op where it has no node-aware form:
-        on the inter-node backend where the group spans nodes, else on the intra-node one."""
-        label_ = f"{NODE_PREFIX}{intra_name}+{inter_name}"
-        flat = inter_name if (group.nodes or 1) > 1 else intra_name
-        phases = node_aware.PHASES.get(family)
-        layout = self.topology.layout(group.ranks) if phases else None
-        if phases is None:
-            problem = f"has no node-aware {family}"
-        elif layout is None:
-            problem = f"needs the same number of ranks on each node, and {group} has {group.shape}"
-        else:
-            intra, inter = self.backends.get(intra_name), self.backends.get(inter_name)
-            if (
-                intra is not None
-                and inter is not None
-                and intra.supports(phases[0], dtype, reduce_op, device_type)
-                and inter.supports(phases[1], dtype, reduce_op, device_type)
-            ):
-                return inter, 0, NodePlan(intra, inter, label_)
-            problem = f"cannot run {family} on {device_type} {dtype_name(dtype)} tensors on both backends"
-        if phases is None:
-            key = (label_, family)
-        else:
-            key = (label_, group.gid) if layout is None else (label_, family, dtype, reduce_op)
-        if key not in self._warned and group.rank == 0:  # said once, by the group's first rank
-            log.warning("mcr: %s (%s) %s; running %s flat on %s", label_, why, problem, family, flat)
-        self._warned.add(key)
-        backend = self.backends.get(flat)
-        if backend is None or not backend.supports(family, dtype, reduce_op, device_type):
-            backend = self._fallback(flat, family, dtype, device_type, reduce_op, why)
-        return backend, 0, None
+    def _from_table(self, call, group):
+        """(Choice, rule) from the tuning table, or None; an online table may measure now, with the group."""
+        table = self.table
+        if table is None or not table.online:
+            return table_rule(table, call)
+        if call.device_type != table.device:
+            return None
+        choice = table.decide(call.family, call.nbytes, group, call.dtype, call.device_type, call.reduce_op)
+        return None if choice is None else (choice, f"the tuning table {table.path}")
 
     def _require(self, name, family, why):
-        names = (lambda c: [c.backend, c.inter])(parse_label(name)) if is_node_aware(name) else [name]
-        for part in names:
-            if part not in self.backends:
-                reason = self.unavailable.get(
-                    part, "unknown backend; choose one of mpi, gloo, nccl, or node:INTRA+INTER"
-                )
-                raise ValueError(f"mcr.{family}: backend {part!r} ({why}) is unavailable: {reason}")
-
-    def _fallback(self, name, family, dtype, device_type, reduce_op, why):
-        for candidate in BUILTIN_ORDER[device_type]:
-            backend = self.backends.get(candidate)
-            if backend is not None and backend.supports(family, dtype, reduce_op, device_type):
-                key = (name, family, dtype, reduce_op, device_type)
-                if key not in self._warned and self.rank == 0:
-                    if name not in self.backends:
-                        problem = f"is unavailable ({self.unavailable.get(name, 'unknown backend')})"
-                    else:
-                        op_name = f" {reduce_op}" if reduce_op is not None else ""
-                        problem = f"cannot run {family}{op_name} on {device_type} {dtype_name(dtype)} tensors"
-                    log.warning("mcr: %s (%s) %s; using %s for %s", name, why, problem, candidate, family)
-                self._warned.add(key)
-                return backend
-        op_name = f"{reduce_op} " if reduce_op is not None else ""
-        raise ValueError(
-            f"mcr.{family}: no available backend ({', '.join(self.backends)}) can run {op_name}on "
-            f"{device_type} {dtype_name(dtype)} tensors"
-        )
+        require(name, family, why, self.backends, self.unavailable)
 
     def agreed_bytes(self, family, group, nbytes) -> int:
         """Where message sizes legitimately differ across ranks (uneven all-to-all), the choice

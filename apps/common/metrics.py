@@ -1,6 +1,7 @@
 """Metrics for the trainers: a throughput meter, the one-line-per-interval log on rank 0 (each
-app declares its fields), the metrics JSONL in the run directory, a progress bar, wandb (offline
-by default) and the run summary every trainer writes.
+app declares its fields), the metrics JSONL in the run directory, a progress bar (on a terminal
+only: elsewhere the step lines alone), wandb (offline by default) and the run summary every
+trainer writes.
 
     meter = Meter(warmup=3, tokens=tokens_per_step, samples=samples_per_step)   # or Meter(samples=...)
     log = MetricsLog(run_dir, rank, steps, fields=LM_FIELDS)
@@ -142,6 +143,28 @@ def format_line(step: int, total: int, values: dict, fields=LM_FIELDS) -> str:
     return " | ".join(parts)
 
 
+# Set by `python -m launch.local` for its ranks: "1" if its own stdout is a terminal, else "0".
+STDOUT_TTY_ENV = "LAUNCH_STDOUT_TTY"
+
+
+def stdout_is_terminal(environ=None, stdout=None) -> bool:
+    """Whether what this process prints reaches a terminal, where a progress bar's carriage
+    returns redraw one line; in a batch job's log, CI or a pipe they pile up as frames. A
+    launcher that said so decides; under Open MPI without that, no: mpiexec hands every rank a
+    pty of its own whatever its own output goes to (a file in sbatch and bsub jobs)."""
+    environ = os.environ if environ is None else environ
+    said = environ.get(STDOUT_TTY_ENV)
+    if said in ("0", "1"):
+        return said == "1"
+    if "OMPI_COMM_WORLD_RANK" in environ:
+        return False
+    stdout = sys.stdout if stdout is None else stdout
+    try:
+        return stdout.isatty()
+    except (AttributeError, ValueError):  # replaced or closed
+        return False
+
+
 class MetricsLog:
     """Rank 0 writes; other ranks make every call a no-op, so trainers need no `if rank == 0`."""
 
@@ -169,7 +192,7 @@ class MetricsLog:
         if resume:
             _keep_records_until(self.path, start_step)
         self._file = open(self.path, "a" if resume else "w", buffering=1)  # line-buffered: readable while running
-        if progress:
+        if progress and stdout_is_terminal():  # elsewhere (a batch log, CI, a pipe) the step lines alone
             from tqdm import tqdm
 
             self._bar = tqdm(
@@ -177,7 +200,7 @@ class MetricsLog:
                 initial=start_step,
                 desc=run_name,
                 unit="step",
-                file=sys.stderr,
+                file=sys.stdout,  # drawn where the step lines go, and only if that is a terminal
                 dynamic_ncols=True,
                 leave=False,
                 mininterval=1.0,

@@ -53,7 +53,7 @@ class DLRMConfig:
     log_interval: int = 10
     eval_interval: int = 0  # held-out log loss and AUC every N steps (0: only at the end)
     eval_batches: int = 4  # held-out batches per rank per evaluation
-    progress: bool = True  # a progress bar on rank 0
+    progress: bool = True  # a progress bar on rank 0 when its output is a terminal (else the step lines alone)
     wandb: str = choice("offline", "online", "disabled")
 
 

@@ -46,7 +46,7 @@ class MoEConfig:
     log_interval: int = 10
     eval_interval: int = 0  # validation loss every N steps (0: only at the end)
     eval_iters: int = 4  # validation batches per evaluation
-    progress: bool = True  # a progress bar on rank 0
+    progress: bool = True  # a progress bar on rank 0 when its output is a terminal (else the step lines alone)
     wandb: str = choice("offline", "online", "disabled")
 
 

@@ -30,9 +30,11 @@ from __future__ import annotations
 
 import bisect
 import fnmatch
+import json
 import os
 import socket
 import tempfile
+import zlib
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar, Dict, List, Optional
 
@@ -128,6 +130,7 @@ class TuningTable:
     def __post_init__(self):
         # (op, group_size, nodes, dtype) -> (sorted lower bounds, entries) for a bisect per lookup
         self._index = {}
+        self._position = {id(e): i for i, e in enumerate(self.entries)}  # where an entry is in the file
         for e in sorted(self.entries, key=lambda e: e.min_bytes):
             lows, rows = self._index.setdefault((e.op, e.group_size, e.nodes, e.dtype), ([], []))
             lows.append(e.min_bytes)
@@ -136,8 +139,15 @@ class TuningTable:
     def lookup(
         self, op: str, nbytes: int, group_size: int, dtype: str, nodes: Optional[int] = None
     ) -> Optional[Choice]:
-        """The choice for a group of `group_size` ranks on `nodes` nodes: an entry for that shape,
-        else one for any shape (tables measured on one node, or before nodes were recorded)."""
+        """The choice for a group of `group_size` ranks on `nodes` nodes (see `find`)."""
+        entry = self.find(op, nbytes, group_size, dtype, nodes)
+        return None if entry is None else entry.choice
+
+    def find(self, op: str, nbytes: int, group_size: int, dtype: str, nodes: Optional[int] = None) -> Optional[Entry]:
+        """The entry that decides for a group of `group_size` ranks on `nodes` nodes: one for that
+        shape, else one for any shape (tables measured on one node, or before nodes were
+        recorded); per key, one for the dtype before one for any dtype. Within a key the entry
+        with the largest `min_bytes` at or below `nbytes` decides, or none if it ends below."""
         keys = [(op, group_size, None, dtype), (op, group_size, None, "any")]
         if nodes is not None:
             keys[:0] = [(op, group_size, nodes, dtype), (op, group_size, nodes, "any")]
@@ -148,8 +158,12 @@ class TuningTable:
             lows, rows = found
             i = bisect.bisect_right(lows, nbytes) - 1
             if i >= 0 and (rows[i].max_bytes is None or nbytes < rows[i].max_bytes):
-                return rows[i].choice
+                return rows[i]
         return None
+
+    def position(self, entry: Entry) -> int:
+        """The entry's index in `entries` (counted from 0, as a reader of the file counts them)."""
+        return self._position[id(entry)]
 
     @property
     def device(self) -> str:
@@ -252,3 +266,16 @@ class TuningTable:
         elif fp.get("ranks_per_node"):
             parts.append(f"{fp['ranks_per_node']} ranks per node")
         return ", ".join(parts)
+
+    def fingerprint_text(self) -> str:
+        """`fingerprint 5f0c2a1e (hosts 'vm', torch 2.13.0, mpi Open MPI v5.0.11, ...)`: a digest
+        that tells two tables' machines apart at a glance, and what it was taken from."""
+        fp = self.fingerprint
+        if not fp:
+            return "no fingerprint"
+        digest = zlib.crc32(json.dumps(fp, sort_keys=True, default=str).encode())
+        parts = [f"hosts {fp['hostname']!r}"] if fp.get("hostname") else []
+        if fp.get("device"):
+            parts.append(str(fp["device"]))
+        parts += [f"{name} {version}" for name, version in (fp.get("versions") or {}).items()]
+        return f"fingerprint {digest:08x}" + (f" ({', '.join(parts)})" if parts else "")

@@ -2,6 +2,7 @@
 entries and fingerprint are keyed by them."""
 
 import os
+import re
 
 import pytest
 
@@ -54,10 +55,15 @@ def test_a_table_from_another_node_count_is_refused_naming_both_and_the_fix():
     two.check_fits(4, hostname="x", ranks_per_node=2, nodes=2)  # fits
 
 
-def test_start_up_line_names_the_jobs_shape_and_the_table_with_its_shape(tmp_path):
+def test_start_up_line_names_the_jobs_shape_and_the_table_with_its_shape_and_fingerprint(tmp_path):
     path = tmp_path / "n2.yaml"
-    TuningTable({"world_size": 2, "nodes": 1, "ranks_per_node": 2}, [_entry(None, "mpi")]).save(str(path))
+    fingerprint = {"hostname": "*", "world_size": 2, "nodes": 1, "ranks_per_node": 2, "versions": {"mpi": "v5"}}
+    table = TuningTable(fingerprint, [_entry(None, "mpi")])
+    table.save(str(path))
     out = run_script(2, os.path.join(SCRIPTS, "load_table.py"), "use", env={"MCR_TUNING_FILE": str(path)})
     out = out.check().output
     assert "mcr: 2 ranks, 1 node x 2 via openmpi; backends mpi" in out, out[-3000:]
-    assert f"; tuning table {path} (measured for 2 ranks, 1 node x 2)" in out, out[-3000:]
+    digest = re.search(r"fingerprint ([0-9a-f]{8}) \(hosts '\*', mpi v5\)", table.fingerprint_text()).group(1)
+    said = f"; tuning table {path} (measured for 2 ranks, 1 node x 2; fingerprint {digest} (hosts '*', mpi v5))"
+    assert said in out, out[-3000:]
+    assert TuningTable(dict(fingerprint, hostname="vm*"), []).fingerprint_text() != table.fingerprint_text()

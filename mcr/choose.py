@@ -1,0 +1,197 @@
+"""The backend choice as a pure function: a call's description in, a backend, chunk size and
+the rule that decided out. `Runtime._decide` runs it for every new kind of call, and
+`python -m mcr.explain` runs it for calls it only imagines, so both say the same thing.
+
+The order (README, "How the backend is chosen"): `backend=` on the call, force_backend(), a
+per-op override, the tuning table, the configured default, the built-in order. Then the choice
+is made runnable: a node-aware candidate where the op has no node-aware form, or the group an
+uneven shape, runs flat; a backend that is missing or cannot run the call falls back to the
+first of the built-in order that can. Nothing here logs: the runtime says each `Note` once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from typing import NamedTuple
+
+from . import node_aware
+from .ops import dtype_name
+from .tuning.candidates import NODE_PREFIX, is_node_aware, label, parse_label, short_bytes
+from .tuning.table import Choice, TuningTable
+
+# Built-in preference when neither an override, a table nor a default backend decides:
+# measured on CPU, MPI beats gloo at every size; on GPU nccl is the reference.
+BUILTIN_ORDER = {"cpu": ("mpi", "gloo"), "cuda": ("nccl", "mpi", "gloo")}
+
+
+class Call(NamedTuple):
+    """What the choice may depend on: values equal on every rank of the group (rule 1)."""
+
+    family: str
+    nbytes: int
+    group_size: int
+    nodes: int | None  # the nodes the group spans (None: unknown)
+    dtype: object  # a torch dtype
+    device_type: str
+    reduce_op: str | None = None
+    explicit: str | None = None  # backend= on the call
+    shape: object = None  # the group's mcr.topology.Shape (None: unknown, taken as even)
+    group: Hashable = 0  # the group's key: an uneven group's flat run is said once per group
+
+    @property
+    def uniform(self) -> bool:
+        """The group holds the same number of its ranks on each node (node-aware ops need it)."""
+        return self.shape is None or self.shape.per_node is not None
+
+
+class Policy(NamedTuple):
+    """The job's settings the choice reads (mcr.config, force_backend())."""
+
+    overrides: Mapping[str, str]  # op family -> backend or node:INTRA+INTER ("auto": none)
+    default: str = "auto"
+    forced: str | None = None
+
+
+class Note(NamedTuple):
+    """A choice not run as chosen, for the runtime to say once (`key`) on the world's rank 0
+    (`by_group` False) or on the group's first rank (True)."""
+
+    key: tuple
+    text: str
+    by_group: bool
+
+
+class Selection(NamedTuple):
+    backend: str  # what runs the op; node-aware: the inter-node backend
+    chunk_bytes: int  # > 0: an all-reduce larger than this runs as a train of chunks
+    intra: str  # node-aware: the intra-node backend; "" for a flat op
+    rule: str  # the rung that decided, e.g. "the tuning table t.yaml (entry 2: all_reduce [0, 1M))"
+    chosen: str  # the candidate that rung named (differs from `label` after a fallback)
+    notes: tuple  # (Note, ...): why the op does not run as `chosen`
+
+    @property
+    def label(self) -> str:
+        return label(Choice(self.intra or self.backend, self.chunk_bytes, self.backend if self.intra else ""))
+
+
+def entry_text(table: TuningTable, entry) -> str:
+    """`entry 2: all_reduce [0, 1M)`: where to look in the file (entries counted from 0)."""
+    index = table.position(entry)  # a dict look-up: made on every new kind of call
+    high = "inf" if entry.max_bytes is None else short_bytes(entry.max_bytes)
+    where = f" on {entry.nodes} node(s)" if entry.nodes is not None else ""
+    dtype = f" {entry.dtype}" if entry.dtype != "any" else ""
+    return f"entry {index}: {entry.op}{dtype} [{short_bytes(entry.min_bytes)}, {high}){where}"
+
+
+def table_rule(table: TuningTable | None, call: Call):
+    """(Choice, rule) from a fixed tuning table, or None where it has no entry for the call."""
+    if table is None or call.device_type != table.device:
+        return None  # a table speaks for the device its tensors were measured on
+    entry = table.find(call.family, call.nbytes, call.group_size, dtype_name(call.dtype), call.nodes)
+    if entry is None:
+        return None
+    return entry.choice, f"the tuning table {table.path} ({entry_text(table, entry)})"
+
+
+def select_backend(
+    call: Call,
+    policy: Policy,
+    backends: Mapping[str, object],
+    unavailable: Mapping[str, str],
+    from_table: Callable[[], tuple | None],
+) -> Selection:
+    """The backend for `call`. `backends`: name -> an object with `supports(family, dtype,
+    reduce_op, device_type)`; `unavailable`: name -> why it is not there; `from_table()`:
+    (Choice, rule) or None, asked only when no earlier rung decides (an online table measures)."""
+    family = call.family
+    chunk, inter = 0, ""
+    if call.explicit is not None:
+        name, why = call.explicit, "asked for by backend="
+        require(name, family, why, backends, unavailable)
+    elif policy.forced is not None:
+        name, why = policy.forced, "forced by force_backend()"  # checked when it was forced
+    elif policy.overrides.get(family, "auto") != "auto":
+        name, why = policy.overrides[family], f"the override for {family}"
+        require(name, family, why, backends, unavailable)
+    else:
+        found = from_table()
+        if found is not None:
+            choice, why = found
+            name, chunk, inter = choice.backend, choice.chunk_bytes, choice.inter
+        elif policy.default != "auto":
+            name, why = policy.default, "the default backend"
+            require(name, family, why, backends, unavailable)
+        else:
+            order = BUILTIN_ORDER[call.device_type]
+            name = next((n for n in order if n in backends), order[-1])
+            why = "the built-in order"
+    if is_node_aware(name):
+        choice = parse_label(name)
+        name, inter = choice.backend, choice.inter
+    chunk = chunk if family == "all_reduce" else 0  # only all-reduces run chunked
+    chosen = label(Choice(name, chunk, inter))
+    if inter:
+        return _node_plan(call, backends, unavailable, name, inter, why)
+    if _runs(backends, name, call):
+        return Selection(name, chunk, "", why, chosen, ())
+    fallback, note = _fallback(call, backends, unavailable, name, why)
+    return Selection(fallback, 0, "", why, chosen, (note,))
+
+
+def require(name: str, family: str, why: str, backends, unavailable) -> None:
+    """A backend (or both of a node-aware candidate's) that a user named must be there."""
+    names = (lambda c: [c.backend, c.inter])(parse_label(name)) if is_node_aware(name) else [name]
+    for part in names:
+        if part not in backends:
+            reason = unavailable.get(part, "unknown backend; choose one of mpi, gloo, nccl, or node:INTRA+INTER")
+            raise ValueError(f"mcr.{family}: backend {part!r} ({why}) is unavailable: {reason}")
+
+
+def _runs(backends, name, call) -> bool:
+    backend = backends.get(name)
+    return backend is not None and backend.supports(call.family, call.dtype, call.reduce_op, call.device_type)
+
+
+def _node_plan(call, backends, unavailable, intra, inter, why) -> Selection:
+    """A node-aware candidate, or the flat op where it has no node-aware form: on the inter-node
+    backend where the group spans nodes, else on the intra-node one."""
+    family, label_ = call.family, f"{NODE_PREFIX}{intra}+{inter}"
+    phases = node_aware.PHASES.get(family)
+    if phases is None:
+        problem, key = f"has no node-aware {family}", (label_, family)
+    elif not call.uniform:
+        problem = f"needs the same number of ranks on each node, and the group has {call.shape}"
+        key = (label_, call.group)
+    else:
+        if all(
+            name in backends and backends[name].supports(phase, call.dtype, call.reduce_op, call.device_type)
+            for name, phase in ((intra, phases[0]), (inter, phases[1]))
+        ):
+            return Selection(inter, 0, intra, why, label_, ())
+        problem = f"cannot run {family} on {call.device_type} {dtype_name(call.dtype)} tensors on both backends"
+        key = (label_, family, call.dtype, call.reduce_op)
+    flat = inter if (call.nodes or 1) > 1 else intra
+    notes = (Note(key, f"{label_} ({why}) {problem}; running {family} flat on {flat}", True),)
+    if _runs(backends, flat, call):
+        return Selection(flat, 0, "", why, label_, notes)
+    fallback, note = _fallback(call, backends, unavailable, flat, why)
+    return Selection(fallback, 0, "", why, label_, notes + (note,))
+
+
+def _fallback(call, backends, unavailable, name, why) -> tuple:
+    """The first backend of the built-in order that can run the call, and the note saying so."""
+    family, dtype, reduce_op, device_type = call.family, call.dtype, call.reduce_op, call.device_type
+    for candidate in BUILTIN_ORDER[device_type]:
+        if _runs(backends, candidate, call):
+            if name not in backends:
+                problem = f"is unavailable ({unavailable.get(name, 'unknown backend')})"
+            else:
+                op_name = f" {reduce_op}" if reduce_op is not None else ""
+                problem = f"cannot run {family}{op_name} on {device_type} {dtype_name(dtype)} tensors"
+            key = (name, family, dtype, reduce_op, device_type)
+            return candidate, Note(key, f"{name} ({why}) {problem}; using {candidate} for {family}", False)
+    op_name = f"{reduce_op} " if reduce_op is not None else ""
+    raise ValueError(
+        f"mcr.{family}: no available backend ({', '.join(backends)}) can run {op_name}on "
+        f"{device_type} {dtype_name(dtype)} tensors"
+    )
