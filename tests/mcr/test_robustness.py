@@ -75,20 +75,26 @@ def test_a_wait_no_test_can_finish_does_not_hang_on_a_pending_mpi_receive():
 
 
 def run_hang(fault, wait, backend, launcher="mpiexec", watchdog_s=10):
-    """hang.py under `launcher`; returns the result and the seconds from rank 1's fault to the job's end."""
+    """hang.py under `launcher`; returns the result and the seconds from rank 1's fault to the job's
+    end (`result.waited_s`: from the start of rank 0's endless wait to the job's end)."""
     script = os.path.join(SCRIPTS, "hang.py")
     env = {"MCR_WATCHDOG_TIMEOUT": str(watchdog_s)}
     result = run_script(2, script, fault, wait, backend, launcher=launcher, env=env, timeout=watchdog_s + 150)
     ended = time.time()
     fault_at = re.search(r"fault at ([0-9.]+)", result.output)
+    wait_at = re.search(r"rank 0 waits at ([0-9.]+)", result.output)
     assert fault_at, result.output[-3000:]
     seconds = ended - float(fault_at.group(1))
+    result.waited_s = ended - float(wait_at.group(1)) if wait_at else None
     print(f"{fault} {wait} {backend} {launcher}: exit code {result.returncode} {seconds:.1f} s after the fault")
     return result, seconds
 
 
 # The watchdog tests use 10 s: well past gloo's connect at start-up (which shares the timeout), so a
 # slow start on a loaded machine is not mistaken for the hang under test.
+WATCHDOG_S = 10
+
+
 @pytest.mark.parametrize(
     "wait,named",
     [
@@ -101,6 +107,20 @@ def test_watchdog_names_rank_op_and_backend_of_a_hang(wait, named):
     result, _ = run_hang("hang", wait, "mpi")
     assert result.returncode == EXIT_CODE, result.output[-3000:]
     assert "mcr watchdog: rank 0 has waited" in result.output and named in result.output, result.output[-3000:]
+
+
+@pytest.mark.parametrize("wait", ["op", "async"])
+def test_watchdog_fires_after_its_timeout_not_before(wait):
+    # it checks once a second, so the time it reports lies in [timeout, timeout + one period (+ slack)]
+    result, _ = run_hang("hang", wait, "mpi", watchdog_s=WATCHDOG_S)
+    assert result.returncode == EXIT_CODE, result.output[-3000:]
+    reported = re.search(r"mcr watchdog: rank 0 has waited ([0-9.]+) s", result.output)
+    assert reported, result.output[-3000:]
+    assert WATCHDOG_S <= float(reported.group(1)) <= WATCHDOG_S + 2, result.output[-3000:]
+    # seen from outside, from the wait's start to the job's end: never early, and not far late even
+    # on a loaded machine (the launcher still has to take the job down)
+    assert result.waited_s is not None, result.output[-3000:]
+    assert WATCHDOG_S <= result.waited_s <= WATCHDOG_S + 60, (result.waited_s, result.output[-3000:])
 
 
 def test_gloo_timeout_names_rank_op_and_ends_the_job():
