@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import pytest
 
@@ -85,3 +86,38 @@ def test_comm_log_json_and_bus_bandwidth_factors_at_3_ranks(tmp_path):
         if row["op"] in factors:
             assert row["count"] == 1 and row["mean_us"] > 0, row
             assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * factors[row["op"]]), row
+
+
+def table_naming(path, backend, world_size, families):
+    from mcr.tuning.table import Entry, TuningTable
+
+    entries = [Entry(op=op, group_size=world_size, min_bytes=0, max_bytes=None, backend=backend) for op in families]
+    TuningTable(fingerprint={"world_size": world_size}, entries=entries).save(str(path))
+    return str(path)
+
+
+# (backend the table names, what the user sets, why that backend is not running here)
+NOT_RUNNING = {
+    "nccl-on-cpu": ("nccl", {}, "no GPU (torch.cuda.is_available() is False)"),
+    "excluded": ("gloo", {"MCR_BACKENDS": "mpi"}, "not in the configured backends list"),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_RUNNING))
+def test_a_table_naming_a_backend_not_running_warns_once_on_rank_0_naming_it_and_why(tmp_path, case):
+    import torch
+
+    backend, env, why = NOT_RUNNING[case]
+    if backend == "nccl" and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU, so nccl runs; the case needs a machine without one")
+    families = ("all_reduce", "all_gather")
+    table = table_naming(tmp_path / "table.yaml", backend, 2, families)
+    env = {**env, "MCR_TUNING_FILE": table, **WATCHDOG}
+    out = run_script(2, os.path.join(SCRIPTS, "fallback.py"), env=env).check().output
+    assert out.count("fallback ran 64 calls") == 2, out[-3000:]
+    warned = re.findall(r"rank (\d+) warned: (.*)", out)
+    # once per op family, whatever the sizes and however often; rank 0 only
+    want = [
+        ("0", f"mcr: {backend} (the tuning table {table}) is unavailable ({why}); using mpi for {f}") for f in families
+    ]
+    assert sorted(warned) == sorted(want), out[-3000:]
