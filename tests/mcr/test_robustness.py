@@ -1,36 +1,18 @@
 """Mixing backends never deadlocks; hangs, dead ranks and bad input fail loudly and clearly."""
 
+import json
 import os
 import re
 import time
 
 import pytest
 
+from mcr.backends.mpi import WORKER_FROM
 from mcr.watchdog import EXIT_CODE
+from tests.mcr.tables import CHUNK_FROM, size_split_table
 from tests.ranks import run_script
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
-
-
-def size_split_table(path, world_size):
-    """A table whose choice flips with message size for every op the stress script issues, on
-    the world and on a 2-rank subgroup (chunked all-reduce above 64 KiB)."""
-    from mcr.tuning.table import Entry, TuningTable
-
-    entries = []
-    for group_size in sorted({world_size, 2}):
-        for op, small, large in [
-            ("all_reduce", "gloo", "mpi"),
-            ("all_gather", "mpi", "gloo"),
-            ("reduce_scatter", "gloo", "mpi"),
-            ("all_to_all", "gloo", "mpi"),
-            ("broadcast", "mpi", "gloo"),
-            ("send_recv", "gloo", "mpi"),
-        ]:
-            entries.append(Entry(op=op, group_size=group_size, min_bytes=0, max_bytes=1024, backend=small))
-            entries.append(Entry(op=op, group_size=group_size, min_bytes=1024, max_bytes=None, backend=large))
-    TuningTable(fingerprint={"world_size": world_size}, entries=entries).save(str(path))
-    return str(path)
 
 
 def assert_every_op_checked(out, nprocs, num_ops):
@@ -54,9 +36,16 @@ def test_random_interleaving_of_1000_mixed_ops_completes(nprocs, seed):
 def test_random_interleaving_with_a_size_dependent_table_completes(tmp_path, nprocs, seed):
     # the automatic choice flips with size, so uneven all-to-alls agree on their size among async ops
     table = size_split_table(tmp_path / "table.yaml", nprocs)
-    env = {"MCR_WATCHDOG_TIMEOUT": "60"}
+    log_path = tmp_path / "comm.json"
+    env = {"MCR_WATCHDOG_TIMEOUT": "60", "MCR_COMM_LOG": "1", "MCR_COMM_LOG_JSON": str(log_path)}
     out = run_script(nprocs, os.path.join(SCRIPTS, "stress.py"), 500, seed, table, env=env).check().output
     assert_every_op_checked(out, nprocs, 500)
+    # the ops took the paths the table and the sizes are there for (rank 0's log)
+    rows = json.loads(log_path.read_text())
+    chunked = [row for row in rows if row["op"] == "all_reduce" and row["backend"] == "mpi/chunk=32K"]
+    assert chunked and all(row["bytes"] >= CHUNK_FROM for row in chunked), rows
+    on_worker = [row for row in rows if row["backend"] == "mpi" and row["bytes"] >= WORKER_FROM]
+    assert {row["op"] for row in on_worker} >= {"all_gather", "reduce_scatter"}, rows
 
 
 def test_a_rank_blocked_in_gloo_keeps_its_async_mpi_ops_moving():

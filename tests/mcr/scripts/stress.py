@@ -26,8 +26,13 @@ rng = random.Random(seed)  # identical sequence of choices on every rank
 backends = list(rt.backends) + [None, None]  # the automatic choice twice as often
 if len(sys.argv) > 4:
     backends += sys.argv[4].split(",")
-# float32/int64: exact for these small integers on every backend; float64 for the wide range
-DTYPES = [torch.float32, torch.float64, torch.int64]
+# float32/int64: exact for these small integers on every backend; float64 for the wide range;
+# 16-bit floats: MPI reduces them with its own ops (upcast below 64 KiB, Python ops above)
+HALF = (torch.float16, torch.bfloat16)
+DTYPES = [torch.float32, torch.float64, torch.int64, *HALF]
+# 16-bit values: element period, chosen so that every sum of n ranks' values stays an integer
+# below 256 (exact in bfloat16); odd, so a chunk of a power-of-two size is not a whole period
+PERIOD = max(3, (256 + n) // (n + n * (n - 1) // 2 + n * n * (n - 1)) // 2 * 2 - 1)
 GROUPS = [(rt.world, list(range(n)))]
 if n > 2:
     sub_ranks = [0, n - 1]
@@ -38,6 +43,8 @@ issued = checked = 0
 
 def data(r, chunk, size, dtype):
     """Rank r's values for one chunk: distinct per rank, chunk and element."""
+    if dtype in HALF:
+        return (torch.arange(size) % PERIOD + PERIOD * (r + n * chunk)).to(dtype)
     return (torch.arange(size) % 89 + 1000 * r + 100 * chunk).to(dtype)
 
 
@@ -112,8 +119,9 @@ OPS = [all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, ring]
 for i in range(num_ops):
     op, b, asyn = rng.choice(OPS), rng.choice(backends), rng.random() < 0.5
     # 256: uneven all-to-alls whose ranks sit on both sides of the table's 1 KiB boundary (4 ranks, float32;
-    # 2, float64), so only the agreed size keeps their choices equal
-    size, dtype = rng.choice([1, 7, 64, 256, 1000, 20000]), rng.choice(DTYPES)
+    # 2, float64), so only the agreed size keeps their choices equal; 20000 and 140000: all-reduces the
+    # table chunks (from 64 KiB); 140000: async MPI ops on the backend's worker thread (from 256 KiB), 16-bit too
+    size, dtype = rng.choice([1, 7, 64, 256, 1000, 20000, 140000]), rng.choice(DTYPES)
     group, ranks = rng.choice(GROUPS)
     settle_now, pick = rng.random() < 0.3, rng.random()  # drawn by every rank, member or not
     if rank not in ranks:
