@@ -5,7 +5,8 @@ one computed locally, with distinct values per rank, per chunk and per element, 
 answer or a wrong chunk-to-rank mapping fails as loudly as a hang (which the watchdog turns
 into a failure naming rank, op and backend). With a table that splits ops by message size, the
 automatic choice differs by size, and uneven all-to-alls (whose local sizes differ by rank)
-take the agreed-size path among the async ops. Ops run on the world and on a subgroup.
+take the agreed-size path among the async ops. Ops run on the world and on a subgroup. Async AVG
+all-reduces drop their handles; their results are checked after finalize().
 CANDIDATE,...: node-aware candidates (node:mpi+gloo) drawn beside the backends as `backend=`.
 """
 
@@ -52,6 +53,20 @@ def all_reduce(g, ranks, b, asyn, size, dtype):
     t = data(rank, 0, size, dtype)
     want = sum(data(r, 0, size, dtype) for r in ranks)
     return mcr.all_reduce(t, group=g, backend=b, async_op=asyn), lambda: torch.equal(t, want)
+
+
+DROPPED = object()  # what an op returns for an async op whose handle it dropped
+dropped = []  # (check, description): checked once finalize() has completed every op
+
+
+def avg_all_reduce(g, ranks, b, asyn, size, dtype):
+    """AVG is a SUM, then a divide the runtime applies when the op completes: async, the handle is
+    dropped, and the runtime must still divide (a chunked all-reduce too)."""
+    dtype = torch.float64 if dtype == torch.int64 else dtype  # AVG needs a floating-point tensor
+    t = data(rank, 0, size, dtype)
+    want = torch.stack([data(r, 0, size, dtype) for r in ranks]).sum(0) / len(ranks)
+    mcr.all_reduce(t, op=mcr.ReduceOp.AVG, group=g, backend=b, async_op=asyn)
+    return DROPPED if asyn else None, lambda: torch.equal(t, want)
 
 
 def all_gather(g, ranks, b, asyn, size, dtype):
@@ -115,7 +130,7 @@ def settle(handle, check, what):
     checked += 1
 
 
-OPS = [all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, ring]
+OPS = [all_reduce, avg_all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, ring]
 for i in range(num_ops):
     op, b, asyn = rng.choice(OPS), rng.choice(backends), rng.random() < 0.5
     # 256: uneven all-to-alls whose ranks sit on both sides of the table's 1 KiB boundary (4 ranks, float32;
@@ -129,7 +144,9 @@ for i in range(num_ops):
     issued += 1
     what = f"op {i} {op.__name__} on {b} {dtype} x{size} group {ranks}"
     handle, check = op(group, ranks, b, asyn, size, dtype)
-    if asyn:
+    if handle is DROPPED:
+        dropped.append((check, what))
+    elif asyn:
         pending.append((handle, check, what))
     elif not check():
         raise AssertionError(f"rank {rank}: {what} gave a wrong result")
@@ -141,5 +158,9 @@ for i in range(num_ops):
 for entry in pending:
     settle(*entry)
 mcr.barrier()
+mcr.finalize()  # completes the ops whose handles were dropped
+for check, what in dropped:
+    if not check():
+        raise AssertionError(f"rank {rank}: {what}, its handle dropped, gave a wrong result")
+    checked += 1
 print(f"rank {rank}: stress OK {num_ops} ops, {issued} issued, {checked} checked", flush=True)
-mcr.finalize()
