@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-from tests.mcr.test_robustness import SCRIPTS, assert_every_op_checked, size_split_table
+from tests.mcr.tables import size_split_table
+from tests.mcr.test_robustness import SCRIPTS, assert_every_op_checked
 
 # nothing drives MPI behind the rules' back; a deadlock becomes the watchdog's failure naming the op
 ENV = {"MCR_PROGRESS_THREAD": "0", "MCR_WATCHDOG_TIMEOUT": "60"}

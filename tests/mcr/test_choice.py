@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 
 import pytest
 
@@ -85,3 +86,72 @@ def test_comm_log_json_and_bus_bandwidth_factors_at_3_ranks(tmp_path):
         if row["op"] in factors:
             assert row["count"] == 1 and row["mean_us"] > 0, row
             assert row["busbw_GBps"] == pytest.approx(row["algbw_GBps"] * factors[row["op"]]), row
+
+
+def table_naming(path, backend, world_size, families):
+    from mcr.tuning.table import Entry, TuningTable
+
+    entries = [Entry(op=op, group_size=world_size, min_bytes=0, max_bytes=None, backend=backend) for op in families]
+    TuningTable(fingerprint={"world_size": world_size}, entries=entries).save(str(path))
+    return str(path)
+
+
+# (backend the table names, what the user sets, why that backend is not running here)
+NOT_RUNNING = {
+    "nccl-on-cpu": ("nccl", {}, "no GPU (torch.cuda.is_available() is False)"),
+    "excluded": ("gloo", {"MCR_BACKENDS": "mpi"}, "not in the configured backends list"),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_RUNNING))
+def test_a_table_naming_a_backend_not_running_warns_once_on_rank_0_naming_it_and_why(tmp_path, case):
+    import torch
+
+    backend, env, why = NOT_RUNNING[case]
+    if backend == "nccl" and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU, so nccl runs; the case needs a machine without one")
+    families = ("all_reduce", "all_gather")
+    table = table_naming(tmp_path / "table.yaml", backend, 2, families)
+    env = {**env, "MCR_TUNING_FILE": table, **WATCHDOG}
+    out = run_script(2, os.path.join(SCRIPTS, "fallback.py"), env=env).check().output
+    assert out.count("fallback ran 64 calls") == 2, out[-3000:]
+    warned = re.findall(r"rank (\d+) warned: (.*)", out)
+    # once per op family, whatever the sizes and however often; rank 0 only
+    want = [
+        ("0", f"mcr: {backend} (the tuning table {table}) is unavailable ({why}); using mpi for {f}") for f in families
+    ]
+    assert sorted(warned) == sorted(want), out[-3000:]
+
+
+# Tables for the all-to-all's size agreement: (entries as (op, min, max, backend), whether the
+# all-to-all's choice depends on its size, so uneven calls must agree on one size first)
+AGREEMENT_TABLES = {
+    "all-to-all-split-by-size": ([("all_to_all", 0, 1024, "gloo"), ("all_to_all", 1024, None, "mpi")], True),
+    "all-to-all-on-one-backend": ([("all_to_all", 0, None, "gloo")], False),
+    "split-into-the-same-choice": ([("all_to_all", 0, 1024, "mpi"), ("all_to_all", 1024, None, "mpi")], False),
+    "another-op-split-by-size": (
+        [("all_reduce", 0, 1024, "gloo"), ("all_reduce", 1024, None, "mpi"), ("all_to_all", 0, None, "mpi")],
+        False,
+    ),
+    "no-table": (None, False),
+}
+
+
+@pytest.mark.parametrize("case", list(AGREEMENT_TABLES))
+def test_uneven_all_to_alls_agree_on_a_size_exactly_when_the_choice_depends_on_it(tmp_path, case):
+    from mcr.tuning.table import Entry, TuningTable
+
+    rows, depends = AGREEMENT_TABLES[case]
+    log_path = tmp_path / "comm.json"
+    env = {"MCR_COMM_LOG": "1", "MCR_COMM_LOG_JSON": str(log_path), **WATCHDOG}
+    if rows is not None:
+        entries = [Entry(op=op, group_size=2, min_bytes=lo, max_bytes=hi, backend=b) for op, lo, hi, b in rows]
+        env["MCR_TUNING_FILE"] = str(tmp_path / "table.yaml")
+        TuningTable(fingerprint={"world_size": 2}, entries=entries).save(env["MCR_TUNING_FILE"])
+    out = run_script(2, os.path.join(SCRIPTS, "agreed_size.py"), env=env).check().output
+    assert out.count("agreed size ran 15 all-to-alls, 10 uneven") == 2, out[-3000:]
+    # the script issues no 8-byte op of its own: each 8-byte all-reduce is one agreement (an int64 MAX)
+    agreements = sum(
+        row["count"] for row in json.loads(log_path.read_text()) if row["op"] == "all_reduce" and row["bytes"] == 8
+    )
+    assert agreements == (10 if depends else 0), (case, agreements)

@@ -14,6 +14,7 @@ MISMATCHES = {
     "shape": "rank 1 called all_reduce #2 (float32, sum, 36 bytes)",
     "skip": "rank 1 called all_to_all #2 (float32,",
     "skip-last": "rank 1 called finalize() after 2 collectives",
+    "reduce-op": "rank 1 called all_reduce #2 (float32, max, 32 bytes)",
 }
 
 
@@ -30,6 +31,21 @@ def test_a_mismatched_call_stops_the_job_naming_both_ranks_calls(mode):
     )
     assert rank0 in out and MISMATCHES[mode] in out, out[-3000:]
     assert "calls matched" not in out
+
+
+def test_a_mismatch_inside_a_subgroup_names_its_ranks_and_the_differing_reduce_op():
+    # 4 ranks; on the group of ranks 1, 2 and 3, rank 2 reduces with MAX where the others sum
+    result = run_script(
+        4, os.path.join(SCRIPTS, "mismatch.py"), "subgroup", env={"MCR_DEBUG": "detail", "MCR_WATCHDOG_TIMEOUT": "120"}
+    )
+    assert result.returncode != 0, result.output[-3000:]
+    calls = (
+        "the ranks of group [1, 2, 3] made different collective calls: rank 1 called all_reduce #1 (float32, sum, "
+        "32 bytes); rank 2 called all_reduce #1 (float32, max, 32 bytes); rank 3 called all_reduce #1 (float32, sum, "
+        "32 bytes)"
+    )
+    assert calls in result.output, result.output[-3000:]
+    assert "calls matched" not in result.output
 
 
 @pytest.mark.parametrize("launcher", ["mpiexec", "torchrun"])

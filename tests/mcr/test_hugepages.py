@@ -11,7 +11,9 @@ from tests.ranks import REPO, clean_env, run_script
 
 # Under "always" every tensor is on huge pages whatever mcr does; under "never" none can be.
 pytestmark = pytest.mark.skipif(
-    hugepages.system_mode() != "madvise", reason=f"THP mode is {hugepages.system_mode()}, not madvise"
+    hugepages.system_mode() != "madvise",
+    reason=f"transparent huge pages are in mode {hugepages.system_mode()!r}; these tests need 'madvise': "
+    "as root, `echo madvise > /sys/kernel/mm/transparent_hugepage/enabled` (in a VM or container, on its host)",
 )
 
 PROBE = """

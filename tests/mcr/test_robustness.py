@@ -1,36 +1,18 @@
 """Mixing backends never deadlocks; hangs, dead ranks and bad input fail loudly and clearly."""
 
+import json
 import os
 import re
 import time
 
 import pytest
 
+from mcr.backends.mpi import WORKER_FROM
 from mcr.watchdog import EXIT_CODE
+from tests.mcr.tables import CHUNK_FROM, size_split_table
 from tests.ranks import run_script
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
-
-
-def size_split_table(path, world_size):
-    """A table whose choice flips with message size for every op the stress script issues, on
-    the world and on a 2-rank subgroup (chunked all-reduce above 64 KiB)."""
-    from mcr.tuning.table import Entry, TuningTable
-
-    entries = []
-    for group_size in sorted({world_size, 2}):
-        for op, small, large in [
-            ("all_reduce", "gloo", "mpi"),
-            ("all_gather", "mpi", "gloo"),
-            ("reduce_scatter", "gloo", "mpi"),
-            ("all_to_all", "gloo", "mpi"),
-            ("broadcast", "mpi", "gloo"),
-            ("send_recv", "gloo", "mpi"),
-        ]:
-            entries.append(Entry(op=op, group_size=group_size, min_bytes=0, max_bytes=1024, backend=small))
-            entries.append(Entry(op=op, group_size=group_size, min_bytes=1024, max_bytes=None, backend=large))
-    TuningTable(fingerprint={"world_size": world_size}, entries=entries).save(str(path))
-    return str(path)
 
 
 def assert_every_op_checked(out, nprocs, num_ops):
@@ -54,9 +36,16 @@ def test_random_interleaving_of_1000_mixed_ops_completes(nprocs, seed):
 def test_random_interleaving_with_a_size_dependent_table_completes(tmp_path, nprocs, seed):
     # the automatic choice flips with size, so uneven all-to-alls agree on their size among async ops
     table = size_split_table(tmp_path / "table.yaml", nprocs)
-    env = {"MCR_WATCHDOG_TIMEOUT": "60"}
+    log_path = tmp_path / "comm.json"
+    env = {"MCR_WATCHDOG_TIMEOUT": "60", "MCR_COMM_LOG": "1", "MCR_COMM_LOG_JSON": str(log_path)}
     out = run_script(nprocs, os.path.join(SCRIPTS, "stress.py"), 500, seed, table, env=env).check().output
     assert_every_op_checked(out, nprocs, 500)
+    # the ops took the paths the table and the sizes are there for (rank 0's log)
+    rows = json.loads(log_path.read_text())
+    chunked = [row for row in rows if row["op"] == "all_reduce" and row["backend"] == "mpi/chunk=32K"]
+    assert chunked and all(row["bytes"] >= CHUNK_FROM for row in chunked), rows
+    on_worker = [row for row in rows if row["backend"] == "mpi" and row["bytes"] >= WORKER_FROM]
+    assert {row["op"] for row in on_worker} >= {"all_gather", "reduce_scatter"}, rows
 
 
 def test_a_rank_blocked_in_gloo_keeps_its_async_mpi_ops_moving():
@@ -75,20 +64,26 @@ def test_a_wait_no_test_can_finish_does_not_hang_on_a_pending_mpi_receive():
 
 
 def run_hang(fault, wait, backend, launcher="mpiexec", watchdog_s=10):
-    """hang.py under `launcher`; returns the result and the seconds from rank 1's fault to the job's end."""
+    """hang.py under `launcher`; returns the result and the seconds from rank 1's fault to the job's
+    end (`result.waited_s`: from the start of rank 0's endless wait to the job's end)."""
     script = os.path.join(SCRIPTS, "hang.py")
     env = {"MCR_WATCHDOG_TIMEOUT": str(watchdog_s)}
     result = run_script(2, script, fault, wait, backend, launcher=launcher, env=env, timeout=watchdog_s + 150)
     ended = time.time()
     fault_at = re.search(r"fault at ([0-9.]+)", result.output)
+    wait_at = re.search(r"rank 0 waits at ([0-9.]+)", result.output)
     assert fault_at, result.output[-3000:]
     seconds = ended - float(fault_at.group(1))
+    result.waited_s = ended - float(wait_at.group(1)) if wait_at else None
     print(f"{fault} {wait} {backend} {launcher}: exit code {result.returncode} {seconds:.1f} s after the fault")
     return result, seconds
 
 
 # The watchdog tests use 10 s: well past gloo's connect at start-up (which shares the timeout), so a
 # slow start on a loaded machine is not mistaken for the hang under test.
+WATCHDOG_S = 10
+
+
 @pytest.mark.parametrize(
     "wait,named",
     [
@@ -101,6 +96,20 @@ def test_watchdog_names_rank_op_and_backend_of_a_hang(wait, named):
     result, _ = run_hang("hang", wait, "mpi")
     assert result.returncode == EXIT_CODE, result.output[-3000:]
     assert "mcr watchdog: rank 0 has waited" in result.output and named in result.output, result.output[-3000:]
+
+
+@pytest.mark.parametrize("wait", ["op", "async"])
+def test_watchdog_fires_after_its_timeout_not_before(wait):
+    # it checks once a second, so the time it reports lies in [timeout, timeout + one period (+ slack)]
+    result, _ = run_hang("hang", wait, "mpi", watchdog_s=WATCHDOG_S)
+    assert result.returncode == EXIT_CODE, result.output[-3000:]
+    reported = re.search(r"mcr watchdog: rank 0 has waited ([0-9.]+) s", result.output)
+    assert reported, result.output[-3000:]
+    assert WATCHDOG_S <= float(reported.group(1)) <= WATCHDOG_S + 2, result.output[-3000:]
+    # seen from outside, from the wait's start to the job's end: never early, and not far late even
+    # on a loaded machine (the launcher still has to take the job down)
+    assert result.waited_s is not None, result.output[-3000:]
+    assert WATCHDOG_S <= result.waited_s <= WATCHDOG_S + 60, (result.waited_s, result.output[-3000:])
 
 
 def test_gloo_timeout_names_rank_op_and_ends_the_job():

@@ -4,9 +4,10 @@ every rank's data differs per call and every result is compared whole with a ref
 computed locally, after a later blocking op on the same backend and, for the last ones, after
 the runtime finalizes.
 
-    script.py VIA CHOICES [ROUNDS]   VIA: mcr | torch (torch.distributed on backend "mcr");
-                                     CHOICES: comma-separated mpi, gloo, auto (the runtime's own
-                                     choice); through torch, one: the runtime's default backend
+    script.py VIA CHOICES [ROUNDS [NUMEL]]
+        VIA: mcr | torch (torch.distributed on backend "mcr"); CHOICES: comma-separated mpi, gloo,
+        auto (the runtime's own choice); through torch, one: the runtime's default backend;
+        NUMEL: the all-reduces' elements (default 96), e.g. enough for a table to chunk them
 """
 
 import sys
@@ -19,6 +20,7 @@ via, choices = sys.argv[1], sys.argv[2].split(",")
 rounds = int(sys.argv[3]) if len(sys.argv) > 3 else 60
 backend = None
 NUMEL = 96  # divisible by the group size (2 or 3 ranks)
+AR_NUMEL = int(sys.argv[4]) if len(sys.argv) > 4 else NUMEL  # the all-reduces'
 
 if via == "torch":
     import torch.distributed as dist
@@ -89,12 +91,13 @@ for choice in choices:  # through mcr: one after another, the last rounds of eac
     backend = None if choice == "auto" else choice
     for i in range(rounds):
         # the pattern of benchmarks' async mode: a fresh tensor, its handle never kept
-        all_reduce(data(rank, call), SUM, True)
+        all_reduce(data(rank, call, AR_NUMEL), SUM, True)
         call += 1
 
-        t = data(rank, call)
+        t = data(rank, call, AR_NUMEL)
         all_reduce(t, AVG, True)  # AVG is a SUM then a divide the runtime applies on completion
-        pending.append((f"all_reduce avg {call}", t, torch.stack([data(r, call) for r in range(n)]).mean(0)))
+        want = torch.stack([data(r, call, AR_NUMEL) for r in range(n)]).mean(0)
+        pending.append((f"all_reduce avg {call}", t, want))
         call += 1
 
         out = torch.empty(NUMEL * n)
@@ -115,9 +118,10 @@ for choice in choices:  # through mcr: one after another, the last rounds of eac
         call += 1
 
         if i % 7 == 6:  # a blocking op on the same backend: every earlier op there has completed
-            t = data(rank, call)
+            t = data(rank, call, AR_NUMEL)
             all_reduce(t, SUM, False)
-            pending.append((f"sync all_reduce {call}", t, torch.stack([data(r, call) for r in range(n)]).sum(0)))
+            want = torch.stack([data(r, call, AR_NUMEL) for r in range(n)]).sum(0)
+            pending.append((f"sync all_reduce {call}", t, want))
             call += 1
             expect_all(pending)
     left_in_flight += pending

@@ -5,7 +5,8 @@ hang.py FAULT WAIT BACKEND
          raises an exception
   WAIT   op: rank 0 blocks in an all-reduce; async: rank 0 waits on an async all-reduce's
          handle; finalize: rank 0 calls finalize()
-Rank 1 prints "fault at T" (time.time()) so a test can time the job's end from the fault.
+Rank 1 prints "fault at T" (time.time()) so a test can time the job's end from the fault, and
+rank 0 "waits at T" just before it starts the wait that never ends, to time the watchdog from.
 """
 
 import os
@@ -29,6 +30,7 @@ if rank == 1:
     if fault == "raise":
         raise RuntimeError("rank 1 fails on purpose")
     time.sleep(120)  # never issues the op below, never finalizes
+print(f"rank 0 waits at {time.time()}", flush=True)
 if wait == "finalize":
     mcr.finalize()
 elif wait == "async":

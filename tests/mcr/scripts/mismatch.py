@@ -1,5 +1,7 @@
 """Rank 1 makes a different collective call from rank 0 (MCR_DEBUG=detail must name both).
-Usage: mismatch.py none|op|dtype|shape|skip|skip-last"""
+Usage: mismatch.py none|op|dtype|shape|skip|skip-last|reduce-op|subgroup
+  reduce-op: rank 1 all-reduces with MAX where rank 0 sums
+  subgroup:  (4 ranks) on a group of ranks 1, 2 and 3, rank 2 all-reduces with MAX where 1 and 3 sum"""
 
 import sys
 
@@ -14,7 +16,14 @@ t = torch.arange(4, dtype=torch.float32) + rank
 mcr.all_reduce(t)  # the same first call everywhere
 assert torch.equal(t, n * torch.arange(4, dtype=torch.float32) + sum(range(n)))
 odd = rank == 1
-if mode == "op" and odd:
+if mode == "subgroup":
+    sub = mcr.new_group([1, 2, 3])  # every rank makes it, as torch's new_group
+    if rank in (1, 2, 3):
+        t = torch.arange(8, dtype=torch.float32) + 10 * rank
+        mcr.all_reduce(t, op=mcr.ReduceOp.MAX if rank == 2 else mcr.ReduceOp.SUM, group=sub)
+elif mode == "reduce-op" and odd:
+    mcr.all_reduce(torch.ones(8), op=mcr.ReduceOp.MAX)
+elif mode == "op" and odd:
     mcr.all_gather_into_tensor(torch.empty(8 * n), torch.ones(8))
 elif mode == "dtype" and odd:
     mcr.all_reduce(torch.ones(8, dtype=torch.float64))

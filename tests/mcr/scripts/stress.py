@@ -5,7 +5,8 @@ one computed locally, with distinct values per rank, per chunk and per element, 
 answer or a wrong chunk-to-rank mapping fails as loudly as a hang (which the watchdog turns
 into a failure naming rank, op and backend). With a table that splits ops by message size, the
 automatic choice differs by size, and uneven all-to-alls (whose local sizes differ by rank)
-take the agreed-size path among the async ops. Ops run on the world and on a subgroup.
+take the agreed-size path among the async ops. Ops run on the world and on a subgroup. Async AVG
+all-reduces drop their handles; their results are checked after finalize().
 CANDIDATE,...: node-aware candidates (node:mpi+gloo) drawn beside the backends as `backend=`.
 """
 
@@ -26,8 +27,13 @@ rng = random.Random(seed)  # identical sequence of choices on every rank
 backends = list(rt.backends) + [None, None]  # the automatic choice twice as often
 if len(sys.argv) > 4:
     backends += sys.argv[4].split(",")
-# float32/int64: exact for these small integers on every backend; float64 for the wide range
-DTYPES = [torch.float32, torch.float64, torch.int64]
+# float32/int64: exact for these small integers on every backend; float64 for the wide range;
+# 16-bit floats: MPI reduces them with its own ops (upcast below 64 KiB, Python ops above)
+HALF = (torch.float16, torch.bfloat16)
+DTYPES = [torch.float32, torch.float64, torch.int64, *HALF]
+# 16-bit values: element period, chosen so that every sum of n ranks' values stays an integer
+# below 256 (exact in bfloat16); odd, so a chunk of a power-of-two size is not a whole period
+PERIOD = max(3, (256 + n) // (n + n * (n - 1) // 2 + n * n * (n - 1)) // 2 * 2 - 1)
 GROUPS = [(rt.world, list(range(n)))]
 if n > 2:
     sub_ranks = [0, n - 1]
@@ -38,6 +44,8 @@ issued = checked = 0
 
 def data(r, chunk, size, dtype):
     """Rank r's values for one chunk: distinct per rank, chunk and element."""
+    if dtype in HALF:
+        return (torch.arange(size) % PERIOD + PERIOD * (r + n * chunk)).to(dtype)
     return (torch.arange(size) % 89 + 1000 * r + 100 * chunk).to(dtype)
 
 
@@ -45,6 +53,20 @@ def all_reduce(g, ranks, b, asyn, size, dtype):
     t = data(rank, 0, size, dtype)
     want = sum(data(r, 0, size, dtype) for r in ranks)
     return mcr.all_reduce(t, group=g, backend=b, async_op=asyn), lambda: torch.equal(t, want)
+
+
+DROPPED = object()  # what an op returns for an async op whose handle it dropped
+dropped = []  # (check, description): checked once finalize() has completed every op
+
+
+def avg_all_reduce(g, ranks, b, asyn, size, dtype):
+    """AVG is a SUM, then a divide the runtime applies when the op completes: async, the handle is
+    dropped, and the runtime must still divide (a chunked all-reduce too)."""
+    dtype = torch.float64 if dtype == torch.int64 else dtype  # AVG needs a floating-point tensor
+    t = data(rank, 0, size, dtype)
+    want = torch.stack([data(r, 0, size, dtype) for r in ranks]).sum(0) / len(ranks)
+    mcr.all_reduce(t, op=mcr.ReduceOp.AVG, group=g, backend=b, async_op=asyn)
+    return DROPPED if asyn else None, lambda: torch.equal(t, want)
 
 
 def all_gather(g, ranks, b, asyn, size, dtype):
@@ -108,12 +130,13 @@ def settle(handle, check, what):
     checked += 1
 
 
-OPS = [all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, ring]
+OPS = [all_reduce, avg_all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, ring]
 for i in range(num_ops):
     op, b, asyn = rng.choice(OPS), rng.choice(backends), rng.random() < 0.5
     # 256: uneven all-to-alls whose ranks sit on both sides of the table's 1 KiB boundary (4 ranks, float32;
-    # 2, float64), so only the agreed size keeps their choices equal
-    size, dtype = rng.choice([1, 7, 64, 256, 1000, 20000]), rng.choice(DTYPES)
+    # 2, float64), so only the agreed size keeps their choices equal; 20000 and 140000: all-reduces the
+    # table chunks (from 64 KiB); 140000: async MPI ops on the backend's worker thread (from 256 KiB), 16-bit too
+    size, dtype = rng.choice([1, 7, 64, 256, 1000, 20000, 140000]), rng.choice(DTYPES)
     group, ranks = rng.choice(GROUPS)
     settle_now, pick = rng.random() < 0.3, rng.random()  # drawn by every rank, member or not
     if rank not in ranks:
@@ -121,7 +144,9 @@ for i in range(num_ops):
     issued += 1
     what = f"op {i} {op.__name__} on {b} {dtype} x{size} group {ranks}"
     handle, check = op(group, ranks, b, asyn, size, dtype)
-    if asyn:
+    if handle is DROPPED:
+        dropped.append((check, what))
+    elif asyn:
         pending.append((handle, check, what))
     elif not check():
         raise AssertionError(f"rank {rank}: {what} gave a wrong result")
@@ -133,5 +158,9 @@ for i in range(num_ops):
 for entry in pending:
     settle(*entry)
 mcr.barrier()
+mcr.finalize()  # completes the ops whose handles were dropped
+for check, what in dropped:
+    if not check():
+        raise AssertionError(f"rank {rank}: {what}, its handle dropped, gave a wrong result")
+    checked += 1
 print(f"rank {rank}: stress OK {num_ops} ops, {issued} issued, {checked} checked", flush=True)
-mcr.finalize()
