@@ -3,13 +3,13 @@
 It also keeps the op's buffers alive until completion: mpi4py does not hold a reference to
 the buffers of a nonblocking call (Iallreduce with IN_PLACE, Ireduce_scatter_block), so a
 temporary freed early would make the result garbage. The runtime holds every handle until its
-op completes (`Runtime.hold`), so a caller may drop it.
+op completes (`mcr.inflight`), so a caller may drop it.
 
 Several threads may complete a handle: the caller (wait, is_completed), the runtime's progress
 thread (`mcr.progress`) and the MPI backend's worker (`mpi_worker`). A lock lets one of them test
 or wait on the request at a time (MPI forbids two threads completing one request) and runs the
-finishers exactly once; `_done` is set only after they ran, so a thread that sees it set sees
-their results.
+finishers exactly once; `done` is set only after they ran, so a thread that sees it set sees
+their results. Read `done`; never set it.
 """
 
 from __future__ import annotations
@@ -18,14 +18,14 @@ from threading import Lock
 
 
 class Handle:
-    __slots__ = ("_wait", "_test", "_keep", "_finishers", "_done", "_lock", "op", "completes_alone", "source")
+    __slots__ = ("_wait", "_test", "_keep", "_finishers", "done", "_lock", "op", "completes_alone", "source")
 
     def __init__(self, wait, test, keep=None, finish=None):
         self._wait = wait  # blocks until the backend op is done
         self._test = test  # returns True when the backend op is done, without blocking
         self._keep = keep  # buffers that must outlive the op
         self._finishers = [finish] if finish is not None else []
-        self._done = False
+        self.done = False
         self._lock = Lock()
         self.op = None  # the runtime's OpCall, to name the op if it never completes
         self.completes_alone = True  # False: the library marks it done only when waited on
@@ -34,29 +34,34 @@ class Handle:
     def then(self, finish) -> "Handle":
         """Run `finish()` once the op completes (copy-outs, averaging, accounting)."""
         with self._lock:
-            if not self._done:
+            if not self.done:
                 self._finishers.append(finish)
                 return self
         finish()
         return self
 
     def wait(self, timeout=None) -> bool:
-        if not self._done:
+        if not self.done:
             with self._lock:
-                if not self._done:
+                if not self.done:
                     self._wait()
                     self._complete()
         return True
 
+    def wrap_wait(self, wrap, *args) -> None:
+        """Replace the op's blocking wait by `wrap(wait, test, *args)` (the runtime's watch: the
+        watchdog entry, rule 3's driving, the error naming the op). Before anyone waits."""
+        self._wait = wrap(self._wait, self._test, *args)
+
     def is_completed(self) -> bool:
         """Never blocks: while another thread holds the handle (waiting or testing), says False."""
-        if not self._done and self._lock.acquire(blocking=False):
+        if not self.done and self._lock.acquire(blocking=False):
             try:
-                if not self._done and self._test():
+                if not self.done and self._test():
                     self._complete()
             finally:
                 self._lock.release()
-        return self._done
+        return self.done
 
     def _complete(self):
         for finish in self._finishers:
@@ -64,7 +69,7 @@ class Handle:
         self._finishers = ()
         self._keep = None
         self._wait = self._test = None  # the request or Work, and the buffers a Work holds
-        self._done = True
+        self.done = True
 
 
 def from_torch_work(work, keep=None, finish=None) -> Handle:

@@ -100,8 +100,8 @@ class ProgressThread:
         (an op its caller waits on right away is left to the caller: no lock contention).
         Returns the oldest op still pending (None when none is) and whether any completed."""
         oldest, completed, stale, seen = None, False, False, set()
-        for handle in self._runtime.in_flight_handles():
-            if handle._done:
+        for handle in self._runtime.in_flight.handles():
+            if handle.done:
                 stale = True
             elif handle.completes_alone:  # gloo's send/recv complete only in their caller's wait
                 key = id(handle)
@@ -112,13 +112,13 @@ class ProgressThread:
                     oldest = handle
         self._seen = seen
         if completed or stale:
-            self._runtime.forget_completed()
+            self._runtime.in_flight.forget_completed()
         return oldest, completed
 
     def _sleep_until_poked(self):
         self.idle = True
         self._wake.clear()
-        if self._runtime.has_in_flight():  # issued between the last pass and `idle`: go on
+        if self._runtime.in_flight.any_pending_alone():  # issued between the last pass and `idle`: go on
             self.idle = False
             return
         self._wake.wait()

@@ -36,9 +36,8 @@ import socket
 import sys
 import time
 import zlib
-from collections import deque
 from datetime import timedelta
-from threading import Event, Lock, Thread, get_ident
+from threading import Event, Thread, get_ident
 from typing import NamedTuple
 
 import torch
@@ -56,6 +55,7 @@ from .config import ConfigError, RuntimeConfig
 from .debug import CallChecker
 from .group import Group
 from .handle import Handle
+from .inflight import InFlight
 from .mpi_driver import MPIDriver
 from .progress import ProgressThread
 from .topology import Topology
@@ -137,20 +137,12 @@ class Runtime:
         self._node_groups = {}  # group gid -> its node-local and peer groups (node_groups())
         self._forced = None  # force_backend()
         self._warned = set()
-        # In flight must mean alive: every async op's handle (its request and buffers) until the
-        # op has completed, whatever the caller does with it. Entries are (communicator, handle);
-        # the communicator is None for send/recv, which a later blocking op must not wait for.
-        self._in_flight = deque()
-        self._in_flight_lock = Lock()
-        self._sweep_at = 64  # past this many entries, drop every completed one, not just the oldest
-        # Rule 3: the in-flight handles of backends that progress only inside their own calls,
-        # which a rank blocking on another backend keeps moving.
-        self._driven = []
-        self._driven_sweep_at = 64  # past this many, drop the completed ones (as _sweep_at)
+        self.in_flight = InFlight()  # every async op's handle until its op completes (mcr.inflight)
         self._needs_driving = {name for name, backend in self.backends.items() if not backend.progresses_alone}
-        # rule 3: keeps MPI moving while this rank blocks on another backend (None: no MPI here, or
-        # no MPI_THREAD_MULTIPLE, and then the waiting thread drives MPI itself)
-        self._driver = MPIDriver(self._drive) if mpi is not None and mpi.thread_multiple else None
+        # rule 3: keeps MPI moving while this rank blocks on another backend (None: none needs
+        # driving, or one takes no calls from a second thread: the waiting thread drives it itself)
+        single = [name for name, backend in self.backends.items() if not backend.thread_multiple]
+        self._driver = MPIDriver(self._drive) if self._needs_driving and not single else None
         self._checker = self._call_checker(cfg)
         self.progress = self._progress_thread(cfg)
         self.callbacks = CallbackThread()  # sets dist.Work futures as their ops complete (mcr.callbacks)
@@ -268,12 +260,14 @@ class Runtime:
         MPI library cannot take calls from two threads at once."""
         if not cfg.progress_thread:
             return None
-        mpi = self.backends.get("mpi")
-        if mpi is not None and not mpi.thread_multiple:
+        single = [name for name, backend in self.backends.items() if not backend.thread_multiple]
+        if single:
             if self.rank == 0:
                 log.warning(
-                    "mcr: the MPI library gives no MPI_THREAD_MULTIPLE, so async ops progress only when "
-                    "waited on (no progress thread); use an MPI built with thread support to overlap them"
+                    "mcr: %s takes no calls from two threads at once (for MPI: no MPI_THREAD_MULTIPLE), so "
+                    "async ops progress only when waited on (no progress thread); use a library built with "
+                    "thread support to overlap them",
+                    " and ".join(single),
                 )
             return None
         return ProgressThread(self, self._waits)
@@ -480,8 +474,8 @@ class Runtime:
         chunk of an op that is logged whole)."""
         if async_op:
             return self._run_async(op, group, fn, comm, args, logged)
-        if self._in_flight and op.family != "send_recv":
-            self._complete_earlier(comm)
+        if self.in_flight and op.family != "send_recv":
+            self.in_flight.complete_earlier(comm)
         driver = None
         if self._needs_driving and op.backend not in self._needs_driving:  # rule 3: keep MPI moving
             driver = self._driver
@@ -525,15 +519,12 @@ class Runtime:
         self.run(op, group, True, fn, comm, args, logged).wait()
 
     def _drive(self) -> None:
-        """Let MPI progress, without blocking: test every in-flight MPI op (MPI_Test progresses
-        them), then poke the progress engine, for sends that returned before their data left."""
-        with self._in_flight_lock:
-            pending = list(self._driven)
-        left = [handle for handle in pending if not handle.is_completed()]
-        with self._in_flight_lock:
-            done = {id(handle) for handle in pending} - {id(handle) for handle in left}
-            self._driven = [handle for handle in self._driven if id(handle) not in done]
-        self.backends["mpi"].progress()
+        """Let the backends that progress only inside their calls (MPI) move, without blocking:
+        test their in-flight ops, then poke their progress engines (for sends that returned
+        before their data left)."""
+        self.in_flight.test_driven()
+        for name in self._needs_driving:
+            self.backends[name].progress()
 
     def _wait_driving(self, test) -> None:
         """Return when `test()` is true, keeping MPI moving meanwhile from this thread (where no
@@ -616,82 +607,23 @@ class Runtime:
         return handle
 
     def hold(self, comm, handle, driven=False):
-        """Keep an async op's handle until the op completes, so that a caller dropping it frees
-        neither the request nor the buffers under the backend (mpi4py keeps neither alive), and
-        its post-steps (AVG's divide, copy-outs) still run. `comm`: the communicator of a
-        collective, whose later blocking ops complete it first; None for send/recv. `driven`:
-        the backend progresses only inside its calls (rule 3). Handles are tested outside the
-        lock (testing runs their finishers); a sweep tests them all once the list grows."""
-        in_flight, lock = self._in_flight, self._in_flight_lock
-        with lock:
-            while in_flight and in_flight[0][1]._done:  # ops complete roughly in issue order
-                in_flight.popleft()
-            in_flight.append((comm, handle))
-            sweep = len(in_flight) >= self._sweep_at  # an old op is still pending (a receive waiting for its send)
-            if driven:
-                # Completed handles leave here too: _drive, which also drops them, runs only when
-                # a rank blocks on another backend, so an MPI-only job kept every handle (and the
-                # garbage collector walked them all: +4 us per async call after 180k calls).
-                if len(self._driven) >= self._driven_sweep_at:
-                    self._driven = [h for h in self._driven if not h._done]
-                    self._driven_sweep_at = max(64, 2 * len(self._driven))
-                self._driven.append(handle)
-        if sweep:
-            self._sweep()
+        """Keep an async op's handle in flight until its op completes (`mcr.inflight`), and wake
+        the progress thread if it sleeps."""
+        self.in_flight.add(comm, handle, driven)
         progress = self.progress
         if progress is not None and progress.idle:
             progress.poke()
 
-    def _sweep(self):
-        with self._in_flight_lock:
-            pending = [entry[1] for entry in self._in_flight]
-        for handle in pending:
-            handle.is_completed()  # MPI_Test moves MPI's progress engine; finishers run here
-        with self._in_flight_lock:
-            kept = [entry for entry in self._in_flight if not entry[1]._done]
-            self._in_flight.clear()
-            self._in_flight.extend(kept)
-            self._sweep_at = max(64, 2 * len(kept))
-
-    def in_flight_handles(self) -> list:
-        with self._in_flight_lock:
-            return [entry[1] for entry in self._in_flight]
-
-    def has_in_flight(self) -> bool:
-        with self._in_flight_lock:
-            return any(not entry[1]._done and entry[1].completes_alone for entry in self._in_flight)
-
-    def _complete_earlier(self, comm):
-        """A blocking collective first completes the async collectives issued before it on the
-        same communicator. Safe: every member issues them in the same order, so a peer that
-        reaches this op has posted those before it; and it makes a blocking op a point where
-        the results of dropped handles are ready, as gloo's in-order queue does."""
-        with self._in_flight_lock:
-            earlier = [handle for c, handle in self._in_flight if c is comm]
-        if not earlier:
-            return
-        for handle in earlier:
-            handle.wait()
-        self.forget_completed()
-
-    def forget_completed(self):
-        with self._in_flight_lock:
-            kept = [entry for entry in self._in_flight if not entry[1]._done]
-            self._in_flight.clear()
-            self._in_flight.extend(kept)
-
-    def _complete_all(self):
-        """finalize(): wait for every op still in flight (collectives and send/recv alike)."""
-        while self._in_flight:
-            with self._in_flight_lock:
-                pending = list(self._in_flight)
-            for _, handle in pending:
-                handle.wait()
-            self.forget_completed()
-
     def _watched(self, handle, op, group, started, logged=True):
-        inner_wait, inner_test = handle._wait, handle._test
-        waits, comm_log = self._waits, self.comm_log if logged else None
+        handle.wrap_wait(self._watched_wait, handle, op, group)
+        if logged and self.comm_log is not None:
+            comm_log = self.comm_log
+            handle.then(lambda: comm_log.record(*op, time.perf_counter() - started))
+        return handle
+
+    def _watched_wait(self, inner_wait, inner_test, handle, op, group):
+        """An async op's wait under the watchdog and rule 3, its failure naming the op."""
+        waits = self._waits
         drives = bool(self._needs_driving) and op.backend not in self._needs_driving  # rule 3
         driver = self._driver
 
@@ -715,10 +647,7 @@ class Runtime:
                 if waits is not None:
                     waits.pop(thread, None)
 
-        handle._wait = wait
-        if comm_log is not None:
-            handle.then(lambda: comm_log.record(*op, time.perf_counter() - started))
-        return handle
+        return wait
 
     def _error(self, op, group, exc):
         return CommError(
@@ -730,9 +659,9 @@ class Runtime:
     def finalize(self):
         if self._checker is not None:  # a rank that skipped a call meets its peers' call here
             self._checker.check("finalize", self.world, 0, None)
-        self._complete_all()  # under the watchdog: a peer that never posts its part is named
+        self.in_flight.complete_all()  # under the watchdog: a peer that never posts its part is named
         self.callbacks.stop()  # the futures of those ops; their callbacks may issue more ops
-        self._complete_all()
+        self.in_flight.complete_all()
         if self.comm_log is not None:
             if self.rank == 0:
                 print("mcr communication log (rank 0)\n" + self.comm_log.table(), flush=True)

@@ -19,6 +19,9 @@ class Backend:
     # False for a library whose nonblocking ops advance only inside its own calls (MPI): the
     # runtime then keeps them moving while the rank blocks on another backend.
     progresses_alone: bool = True
+    # False for a library that cannot take calls from two threads at once (an MPI without
+    # MPI_THREAD_MULTIPLE): no progress thread then, and a rank drives it from its waiting thread.
+    thread_multiple: bool = True
 
     def version(self) -> str:
         raise NotImplementedError
