@@ -27,8 +27,11 @@ from __future__ import annotations
 import threading
 import time
 
-MIN_PAUSE_S = 100e-6
-MAX_PAUSE_S = 1e-3
+# A stuck peer needs MPI to move eventually, not at once: long pauses keep the thread off the
+# cores gloo's own threads need (at 100 µs-1 ms, a 1 MiB gloo all-reduce across 2 nodes took
+# 2.1-2.4 ms against 1.4-1.6 ms without the thread: configs/tuning/vm-2nodes-bench.txt).
+MIN_PAUSE_S = 1e-3
+MAX_PAUSE_S = 10e-3
 
 
 class MPIDriver:
