@@ -30,13 +30,12 @@ SWEEP_FROM = 64  # past this many entries, test them all and drop every complete
 class InFlight:
     def __init__(self):
         self._lock = Lock()
-        self._ops = deque()  # (communicator or None, handle), in issue order
+        # (communicator or None, handle), in issue order; always this one deque, so a caller may
+        # keep it to test "anything in flight?" without a call (a hint: checked again under the lock)
+        self.entries = self._ops = deque()
         self._sweep_at = SWEEP_FROM
         self._driven = []  # handles of ops that move only inside their library's calls
         self._driven_sweep_at = SWEEP_FROM
-
-    def __bool__(self) -> bool:  # no lock: a hint for the hot path, checked again under it
-        return bool(self._ops)
 
     def add(self, comm, handle, driven: bool = False) -> None:
         """Keep `handle` until its op completes. `comm`: its collective's communicator (a later

@@ -138,6 +138,7 @@ class Runtime:
         self._forced = None  # force_backend()
         self._warned = set()
         self.in_flight = InFlight()  # every async op's handle until its op completes (mcr.inflight)
+        self._pending = self.in_flight.entries  # the hot path's "anything in flight?", without a call
         self._needs_driving = {name for name, backend in self.backends.items() if not backend.progresses_alone}
         # rule 3: keeps MPI moving while this rank blocks on another backend (None: none needs
         # driving, or one takes no calls from a second thread: the waiting thread drives it itself)
@@ -474,7 +475,7 @@ class Runtime:
         chunk of an op that is logged whole)."""
         if async_op:
             return self._run_async(op, group, fn, comm, args, logged)
-        if self.in_flight and op.family != "send_recv":
+        if self._pending and op.family != "send_recv":
             self.in_flight.complete_earlier(comm)
         driver = None
         if self._needs_driving and op.backend not in self._needs_driving:  # rule 3: keep MPI moving
