@@ -103,6 +103,11 @@ def main(mode):
     # DeepSpeed's engines still hold plain gloo's groups, whose worker threads may drop a tensor
     # while Python finalizes: "terminate called without an active exception" in
     # ProcessGroupGloo::runLoop (seen once in the gloo reference run, under load). Leave at once.
+    if "mpi4py.MPI" in sys.modules:  # DeepSpeed's discovery or the runtime started MPI: end it as mpiexec expects
+        from mpi4py import MPI
+
+        if not MPI.Is_finalized():
+            MPI.Finalize()
     sys.stdout.flush()
     os._exit(0)
 

@@ -118,7 +118,11 @@ def test_a_table_naming_a_backend_not_running_warns_once_on_rank_0_naming_it_and
     warned = re.findall(r"rank (\d+) warned: (.*)", out)
     # once per op family, whatever the sizes and however often; rank 0 only
     want = [
-        ("0", f"mcr: {backend} (the tuning table {table}) is unavailable ({why}); using mpi for {f}") for f in families
+        (
+            "0",
+            f"mcr: {backend} (the tuning table {table} (entry {i}: {f} [0, inf))) is unavailable ({why}); using mpi for {f}",
+        )
+        for i, f in enumerate(families)
     ]
     assert sorted(warned) == sorted(want), out[-3000:]
 
