@@ -13,6 +13,7 @@ backward race for the same op order, "Received data size doesn't match expected 
 import json
 import sys
 
+import fit  # tests/hooks/fit.py, beside this script
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -66,18 +67,7 @@ def train(name, rank, buckets):
         state, hook = HOOKS[name]()
         ddp.register_comm_hook(state, hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    losses = []
-    for step in range(STEPS):
-        g = torch.Generator().manual_seed(100 * step + rank)  # distinct data per rank and step
-        x, y = torch.randn(16, 8, generator=g), torch.randn(16, 4, generator=g)
-        loss = nn.functional.mse_loss(ddp(x), y)
-        if opt is not None:
-            opt.zero_grad()
-        loss.backward()
-        if opt is not None:
-            opt.step()
-        losses.append(loss.item())
-    print(f"LOSSES {name} {rank} {json.dumps(losses)}", flush=True)
+    print(f"LOSSES {name} {rank} {json.dumps(fit.losses(ddp, opt, rank, STEPS))}", flush=True)
 
 
 def comm_counts():

@@ -10,6 +10,7 @@ Prints `LOSSES <ddp|fsdp> <rank> <json>` and, for mcr, `COMMLOG <ddp|fsdp> <rank
 import json
 import sys
 
+import fit  # tests/hooks/fit.py, beside this script
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -33,16 +34,7 @@ def comm_counts():
 def train(how, rank):
     torch.manual_seed(0)
     model = wrap(nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)), how)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for step in range(5):
-        g = torch.Generator().manual_seed(100 * step + rank)
-        x, y = torch.randn(16, 8, generator=g), torch.randn(16, 4, generator=g)
-        loss = nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
+    losses = fit.losses(model, torch.optim.SGD(model.parameters(), lr=0.1), rank, 5)
     print(f"LOSSES {how} {rank} {json.dumps(losses)}", flush=True)
 
 

@@ -11,6 +11,7 @@ bytes, count). Both go through torch's functional collectives, as torchtitan's d
 import json
 import sys
 
+import fit  # tests/hooks/fit.py, beside this script
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -26,17 +27,7 @@ def fsdp2_losses(rank, mesh, steps=5):
         if isinstance(layer, nn.Linear):
             fully_shard(layer, mesh=mesh)
     fully_shard(model, mesh=mesh)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    losses = []
-    for step in range(steps):
-        g = torch.Generator().manual_seed(100 * step + rank)  # distinct data per rank and step
-        x, y = torch.randn(16, 8, generator=g), torch.randn(16, 4, generator=g)
-        loss = nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return fit.losses(model, torch.optim.SGD(model.parameters(), lr=0.1), rank, steps)
 
 
 def redistributes(rank, n, mesh):
