@@ -20,6 +20,11 @@ def check(name, got, want):
         raise AssertionError(f"rank {dist.get_rank()}: {name}: got {got.tolist()}, want {want.tolist()}")
 
 
+def distinct(rank, k, salt=0):
+    """k values that no other rank, element or op's input shares: 100 x rank + salt + i."""
+    return torch.arange(k, dtype=torch.float) + 100 * rank + salt
+
+
 def main(mode):
     if mode == "helper":
         torch_backend.init_process_group(comm_log=True)
@@ -27,73 +32,72 @@ def main(mode):
         dist.init_process_group(backend="mcr", pg_options={"comm_log": True})
     rank, n = dist.get_rank(), dist.get_world_size()
     assert dist.get_backend() == "mcr", dist.get_backend()
-    ranks_sum = float(sum(range(n)))
 
-    t = torch.full((3,), float(rank))
+    def summed(k, salt=0):  # what a SUM over every rank's distinct(r, k, salt) gives
+        return torch.stack([distinct(r, k, salt) for r in range(n)]).sum(0)
+
+    t = distinct(rank, 3)
     dist.all_reduce(t)
-    check("all_reduce", t, torch.full((3,), ranks_sum))
-    t = torch.full((3,), float(rank))
+    check("all_reduce", t, summed(3))
+    t = distinct(rank, 3)
     dist.all_reduce(t, op=dist.ReduceOp.AVG)
-    check("all_reduce avg", t, torch.full((3,), ranks_sum / n))
-    t = torch.full((2,), float(rank))
+    check("all_reduce avg", t, summed(3) / n)
+    t = distinct(rank, 2)
     w = dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True)
     assert w.wait()
-    check("all_reduce async max", t, torch.full((2,), float(n - 1)))
-    check("work future", w.get_future().value()[0], torch.full((2,), float(n - 1)))
+    check("all_reduce async max", t, distinct(n - 1, 2))
+    check("work future", w.get_future().value()[0], distinct(n - 1, 2))
 
-    ts = [torch.full((2,), float(rank)), torch.full((3,), float(rank + 1))]
+    ts = [distinct(rank, 2), distinct(rank, 3, salt=50)]
     dist.all_reduce_coalesced(ts)
-    check("all_reduce_coalesced[0]", ts[0], torch.full((2,), ranks_sum))
-    check("all_reduce_coalesced[1]", ts[1], torch.full((3,), ranks_sum + n))
+    check("all_reduce_coalesced[0]", ts[0], summed(2))
+    check("all_reduce_coalesced[1]", ts[1], summed(3, salt=50))
 
-    t = torch.full((2,), float(rank))
+    t = distinct(rank, 2)
     dist.broadcast(t, src=n - 1)
-    check("broadcast", t, torch.full((2,), float(n - 1)))
-    t = torch.full((2,), float(rank))
+    check("broadcast", t, distinct(n - 1, 2))
+    t = distinct(rank, 2)
     dist.reduce(t, dst=0)
     if rank == 0:
-        check("reduce", t, torch.full((2,), ranks_sum))
+        check("reduce", t, summed(2))
 
     outs = [torch.empty(2) for _ in range(n)]
-    dist.all_gather(outs, torch.full((2,), float(rank)))
-    check("all_gather", torch.stack(outs), torch.arange(n, dtype=torch.float).repeat_interleave(2).view(n, 2))
+    dist.all_gather(outs, distinct(rank, 2))
+    check("all_gather", torch.stack(outs), torch.stack([distinct(r, 2) for r in range(n)]))
     out = torch.empty(2 * n)
-    dist.all_gather_into_tensor(out, torch.full((2,), float(rank)))
-    check("all_gather_into_tensor", out, torch.arange(n, dtype=torch.float).repeat_interleave(2))
+    dist.all_gather_into_tensor(out, distinct(rank, 2))
+    check("all_gather_into_tensor", out, torch.cat([distinct(r, 2) for r in range(n)]))
 
     # coalesced: torch's output lists are per rank, then per tensor
     outs = [[torch.empty(2), torch.empty(3)] for _ in range(n)]
-    dist.all_gather_coalesced(outs, [torch.full((2,), float(rank)), torch.arange(3.0) + 10 * rank])
+    dist.all_gather_coalesced(outs, [distinct(rank, 2), distinct(rank, 3, salt=50)])
     for r, (a, b) in enumerate(outs):
-        check(
-            f"all_gather_coalesced from rank {r}",
-            torch.cat([a, b]),
-            torch.tensor([r, r, 10 * r, 10 * r + 1, 10 * r + 2.0]),
-        )
+        check(f"all_gather_coalesced from rank {r}", torch.cat([a, b]), torch.cat([distinct(r, 2), distinct(r, 3, 50)]))
 
     out = torch.empty(2)
-    dist.reduce_scatter(out, [torch.full((2,), float(rank + i)) for i in range(n)])
-    check("reduce_scatter", out, torch.full((2,), ranks_sum + n * rank))
+    dist.reduce_scatter(out, [distinct(rank, 2, salt=10 * i) for i in range(n)])
+    check("reduce_scatter", out, summed(2, salt=10 * rank))
     out = torch.empty(2)
-    dist.reduce_scatter_tensor(out, torch.arange(2 * n, dtype=torch.float))
-    check("reduce_scatter_tensor", out, n * torch.arange(2 * rank, 2 * rank + 2, dtype=torch.float))
+    dist.reduce_scatter_tensor(out, distinct(rank, 2 * n))
+    check("reduce_scatter_tensor", out, summed(2 * n)[2 * rank : 2 * rank + 2])
 
-    # uneven all-to-all: rank r sends r+1 rows to every peer
-    inp = torch.full((n * (rank + 1),), float(rank))
+    # uneven all-to-all: rank r sends its r+1 values for each peer, in peer order
+    inp = distinct(rank, n * (rank + 1))
     out = torch.empty(sum(r + 1 for r in range(n)))
     dist.all_to_all_single(out, inp, [r + 1 for r in range(n)], [rank + 1] * n)
-    check("all_to_all_single uneven", out, torch.cat([torch.full((r + 1,), float(r)) for r in range(n)]))
+    want = torch.cat([distinct(r, n * (r + 1))[rank * (r + 1) : (rank + 1) * (r + 1)] for r in range(n)])
+    check("all_to_all_single uneven", out, want)
     outs = [torch.empty(1) for _ in range(n)]
     dist.all_to_all(outs, [torch.tensor([float(rank * 10 + i)]) for i in range(n)])
     check("all_to_all", torch.cat(outs), torch.tensor([float(r * 10 + rank) for r in range(n)]))
 
-    gl = [torch.empty(1) for _ in range(n)] if rank == 0 else None
-    dist.gather(torch.tensor([float(rank)]), gl, dst=0)
+    gl = [torch.empty(2) for _ in range(n)] if rank == 0 else None
+    dist.gather(distinct(rank, 2), gl, dst=0)
     if rank == 0:
-        check("gather", torch.cat(gl), torch.arange(n, dtype=torch.float))
-    t = torch.empty(1)
-    dist.scatter(t, [torch.tensor([float(i)]) for i in range(n)] if rank == 0 else None, src=0)
-    check("scatter", t, torch.tensor([float(rank)]))
+        check("gather", torch.cat(gl), torch.cat([distinct(r, 2) for r in range(n)]))
+    t = torch.empty(2)
+    dist.scatter(t, [distinct(i, 2, salt=7) for i in range(n)] if rank == 0 else None, src=0)
+    check("scatter", t, distinct(rank, 2, salt=7))
 
     if rank < 2:
         peer = 1 - rank
@@ -121,13 +125,13 @@ def main(mode):
     # a subgroup, created on every rank as torch requires; members get an mcr group
     sub = dist.new_group([0])
     if rank == 0:
-        t = torch.ones(1)
+        t = distinct(0, 2)
         dist.all_reduce(t, group=sub)
-        check("subgroup all_reduce", t, torch.ones(1))
+        check("subgroup all_reduce", t, distinct(0, 2))
     pair = dist.new_group(list(range(n)))
-    t = torch.ones(1)
+    t = distinct(rank, 2)
     dist.all_reduce(t, group=pair)
-    check("new_group all_reduce", t, torch.full((1,), float(n)))
+    check("new_group all_reduce", t, summed(2))
     outs = [torch.empty(1) for _ in range(n)]  # a group built by its members: MPI's list all-to-all has its twin
     dist.all_to_all(outs, [torch.tensor([float(rank * 10 + i)]) for i in range(n)], group=pair)
     check("new_group all_to_all", torch.cat(outs), torch.tensor([float(r * 10 + rank) for r in range(n)]))
