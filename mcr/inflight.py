@@ -32,7 +32,7 @@ class InFlight:
         self._lock = Lock()
         # (communicator or None, handle), in issue order; always this one deque, so a caller may
         # keep it to test "anything in flight?" without a call (a hint: checked again under the lock)
-        self.entries = self._ops = deque()
+        self.entries = deque()
         self._sweep_at = SWEEP_FROM
         self._driven = []  # handles of ops that move only inside their library's calls
         self._driven_sweep_at = SWEEP_FROM
@@ -41,7 +41,7 @@ class InFlight:
         """Keep `handle` until its op completes. `comm`: its collective's communicator (a later
         blocking op on it completes this one first); None for send/recv. `driven`: its backend
         progresses only inside its own calls."""
-        ops = self._ops
+        ops = self.entries
         with self._lock:
             while ops and ops[0][1].done:  # ops complete roughly in issue order
                 ops.popleft()
@@ -60,22 +60,22 @@ class InFlight:
                 handle.is_completed()  # MPI_Test moves MPI's progress engine; finishers run here
             with self._lock:
                 self._keep_pending()
-                self._sweep_at = max(SWEEP_FROM, 2 * len(self._ops))
+                self._sweep_at = max(SWEEP_FROM, 2 * len(self.entries))
 
     def handles(self) -> list:
         with self._lock:
-            return [entry[1] for entry in self._ops]
+            return [entry[1] for entry in self.entries]
 
     def sizes(self) -> tuple:
         """(handles kept, driven handles kept): bounded however long a job runs."""
         with self._lock:
-            return len(self._ops), len(self._driven)
+            return len(self.entries), len(self._driven)
 
     def any_pending_alone(self) -> bool:
         """Whether an op is pending that completes without its caller's wait (the progress
         thread's work; gloo's send/recv complete only inside their wait)."""
         with self._lock:
-            return any(not h.done and h.completes_alone for _, h in self._ops)
+            return any(not h.done and h.completes_alone for _, h in self.entries)
 
     def forget_completed(self) -> None:
         with self._lock:
@@ -87,7 +87,7 @@ class InFlight:
         reaches this op has posted those before it; and it makes a blocking op a point where
         dropped handles' results are ready, as gloo's in-order queue does."""
         with self._lock:
-            earlier = [handle for c, handle in self._ops if c is comm]
+            earlier = [handle for c, handle in self.entries if c is comm]
         if earlier:
             for handle in earlier:
                 handle.wait()
@@ -96,7 +96,7 @@ class InFlight:
     def complete_all(self) -> None:
         """finalize(): wait for every op still in flight, collectives and send/recv alike (a
         finisher may issue more: loop until none is left)."""
-        while self._ops:
+        while self.entries:
             for handle in self.handles():
                 handle.wait()
             self.forget_completed()
@@ -111,6 +111,6 @@ class InFlight:
                 self._driven = [handle for handle in self._driven if id(handle) not in done]
 
     def _keep_pending(self) -> None:  # under the lock
-        kept = [entry for entry in self._ops if not entry[1].done]
-        self._ops.clear()
-        self._ops.extend(kept)
+        kept = [entry for entry in self.entries if not entry[1].done]
+        self.entries.clear()
+        self.entries.extend(kept)

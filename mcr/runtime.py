@@ -140,10 +140,11 @@ class Runtime:
         self.in_flight = InFlight()  # every async op's handle until its op completes (mcr.inflight)
         self._pending = self.in_flight.entries  # the hot path's "anything in flight?", without a call
         self._needs_driving = {name for name, backend in self.backends.items() if not backend.progresses_alone}
+        # backends that take no calls from a second thread (an MPI without MPI_THREAD_MULTIPLE)
+        self._single_threaded = [name for name, backend in self.backends.items() if not backend.thread_multiple]
         # rule 3: keeps MPI moving while this rank blocks on another backend (None: none needs
         # driving, or one takes no calls from a second thread: the waiting thread drives it itself)
-        single = [name for name, backend in self.backends.items() if not backend.thread_multiple]
-        self._driver = MPIDriver(self._drive) if self._needs_driving and not single else None
+        self._driver = MPIDriver(self._drive) if self._needs_driving and not self._single_threaded else None
         self._checker = self._call_checker(cfg)
         self.progress = self._progress_thread(cfg)
         self.callbacks = CallbackThread()  # sets dist.Work futures as their ops complete (mcr.callbacks)
@@ -261,7 +262,7 @@ class Runtime:
         MPI library cannot take calls from two threads at once."""
         if not cfg.progress_thread:
             return None
-        single = [name for name, backend in self.backends.items() if not backend.thread_multiple]
+        single = self._single_threaded
         if single:
             if self.rank == 0:
                 log.warning(
