@@ -1,7 +1,9 @@
 """Async ops complete on their own (the progress thread, `mcr.progress`): the caller only
 sleeps after issuing, and each op's completion callback, post-steps and result arrive; through
 torch, `Work.get_future()` returns at once and its future completes later. Each of these fails
-with MCR_PROGRESS_THREAD=0 (nothing moves MPI, runs the post-steps or sets the future)."""
+with MCR_PROGRESS_THREAD=0 (nothing moves MPI, runs the post-steps or sets the future). With the
+thread off (config or variable, or an MPI without MPI_THREAD_MULTIPLE) ops complete when waited
+on and futures at `get_future()`."""
 
 import os
 import re
@@ -56,3 +58,32 @@ def test_an_op_failing_where_nobody_waits_is_named():
         RuntimeError, match=r"all_reduce on backend mpi \(16 bytes, group of 2 ranks\) failed: peer gone"
     ):
         _completed(handle)
+
+
+@pytest.mark.parametrize("thread", ["1", "0"])
+def test_the_progress_thread_is_what_completes_an_unwaited_op(thread):
+    """With the thread on, an async op's callback runs while its caller only sleeps; with it off
+    (MCR_PROGRESS_THREAD=0) nothing else completes it: the callback runs at wait(), not before."""
+    out = run_script(2, SCRIPT, "alone", env={"MCR_PROGRESS_THREAD": thread}).check().output
+    found = sorted(re.findall(r"rank (\d+): (\w+) completed alone: (\w+)", out))
+    alone = "True" if thread == "1" else "False"
+    assert found == [(r, b, alone) for r in "01" for b in ("gloo", "mpi")], out[-3000:]
+
+
+def test_dist_work_future_is_done_at_get_future_with_the_thread_off_in_the_config():
+    """`progress_thread: false`: `get_future()` waits for the op (rank 1 joins 2 s late) and
+    returns a done future holding the whole result, single and coalesced."""
+    out = run_script(2, SCRIPT, "torch-off").check().output
+    found = sorted(re.findall(r"rank (\d+): progress OK (\d+) checks via torch-off", out))
+    assert found == [("0", "6"), ("1", "6")], out[-3000:]
+
+
+def test_an_mpi_without_thread_multiple_runs_no_second_mpi_thread():
+    """MPI_THREAD_SINGLE: the runtime says so and turns the progress thread off (asked for or
+    not); futures complete at `get_future()`; large async collectives run as MPI's own nonblocking
+    calls (no worker); a rank blocked in gloo moves its pending MPI ops from its own thread."""
+    env = {"MPI4PY_RC_THREAD_LEVEL": "single", "MCR_WATCHDOG_TIMEOUT": "60"}
+    out = run_script(2, SCRIPT, "single", env=env, timeout=180).check().output
+    found = sorted(re.findall(r"rank (\d+): progress OK (\d+) checks via single", out))
+    assert found == [("0", "12"), ("1", "12")], out[-3000:]
+    assert "mpi takes no calls from two threads at once (for MPI: no MPI_THREAD_MULTIPLE)" in out, out[-3000:]

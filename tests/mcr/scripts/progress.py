@@ -11,6 +11,17 @@
                               and blocking all-reduces on the same group, results compared whole
     progress.py hang          rank 0 issues an async all-reduce that rank 1 never joins; the
                               job must end naming it (the watchdog learns of it from the thread)
+    progress.py alone         on MPI and on gloo: an async AVG all-reduce's completion callback,
+                              waited for in Python only for ALONE_S; prints whether it ran, then
+                              waits and checks the whole result (the thread on: it ran; off: not)
+    progress.py torch-off     torch.distributed on backend "mcr" with `progress_thread: false` in
+                              the mcr config: `work.get_future()` waits for the op (rank 1 is
+                              late) and returns a done future holding the whole result
+    progress.py single        an MPI without MPI_THREAD_MULTIPLE (run with
+                              MPI4PY_RC_THREAD_LEVEL=single): no progress, driver or worker
+                              thread runs; futures complete at `get_future()`; large async
+                              collectives and an async MPI op pending across a blocking gloo op
+                              complete, results compared whole
 """
 
 import sys
@@ -23,6 +34,7 @@ import mcr
 
 TIMEOUT_S = 30
 LATE_S = 2.0
+ALONE_S = 3.0  # long enough for the progress thread (polls every 50 µs-1 ms), short for a test
 mode = sys.argv[1]
 
 
@@ -140,7 +152,103 @@ def torch_futures():
     return count
 
 
-if mode == "torch":
+def completion_alone():
+    """Whether each async op's completion callback ran while this thread only waited in Python."""
+    for k, backend in enumerate(("mpi", "gloo")):
+        x = torch.arange(10, dtype=torch.float32) * (k + 1) + 100 * rank
+        avg = sum(torch.arange(10, dtype=torch.float32) * (k + 1) + 100 * r for r in range(n)) / n
+        done = threading.Event()
+        handle = mcr.all_reduce(x, mcr.ReduceOp.AVG, async_op=True, backend=backend).then(done.set)
+        alone = done.wait(ALONE_S)
+        print(f"rank {rank}: {backend} completed alone: {alone}", flush=True)
+        handle.wait()
+        if not done.is_set():
+            raise SystemExit(f"rank {rank}: the callback did not run at wait() on {backend}")
+        same(f"all_reduce AVG on {backend}", x, avg)
+
+
+def futures_wait_at_get_future():
+    """Without the progress thread, `get_future()` waits for the op: rank 1 joins LATE_S late."""
+    import torch.distributed as dist
+
+    count = 0
+    for k in range(3):
+        x = torch.arange(8, dtype=torch.float32) * (k + 2) + 100 * rank
+        want = sum(torch.arange(8, dtype=torch.float32) * (k + 2) + 100 * r for r in range(n))
+        if k == 0 and rank > 0:
+            time.sleep(LATE_S)
+        started = time.monotonic()
+        fut = dist.all_reduce(x, async_op=True).get_future()
+        if not fut.done():
+            raise SystemExit(f"rank {rank}: get_future() returned a pending future with the progress thread off")
+        if k == 0 and rank == 0 and time.monotonic() - started < LATE_S / 2:
+            raise SystemExit("rank 0: get_future() returned before rank 1 joined the all-reduce")
+        same("future value", fut.value()[0], want)
+        same("the reduced tensor", x, want)
+        ts = [torch.arange(k + 2, dtype=torch.float32) + 10 * rank + j for j in range(3)]
+        fut_coalesced = dist.all_reduce_coalesced(ts, async_op=True)
+        if not fut_coalesced.done():
+            raise SystemExit(f"rank {rank}: a coalesced all-reduce's future is pending with the progress thread off")
+        for j, t in enumerate(fut_coalesced.value()):
+            same(f"coalesced {j}", t, sum(torch.arange(k + 2, dtype=torch.float32) + 10 * r + j for r in range(n)))
+        count += 2
+    return count
+
+
+def no_second_mpi_thread(where):
+    running = sorted(t.name for t in threading.enumerate() if t.name.startswith("mcr-"))
+    for name in ("mcr-progress", "mcr-mpi-driver", "mcr-mpi-worker"):
+        if name in running:
+            raise SystemExit(f"rank {rank}: thread {name} runs {where} though MPI takes calls from one thread only")
+
+
+def single_threaded_mpi():
+    """An MPI without MPI_THREAD_MULTIPLE: every MPI call stays on this thread."""
+    from mpi4py import MPI
+
+    if MPI.Query_thread() == MPI.THREAD_MULTIPLE:
+        raise SystemExit("single: run with MPI4PY_RC_THREAD_LEVEL=single (MPI gave MPI_THREAD_MULTIPLE)")
+    rt = mcr.runtime()
+    if rt.progress is not None:
+        raise SystemExit(f"rank {rank}: the progress thread is on though MPI gives no MPI_THREAD_MULTIPLE")
+    checks = futures_wait_at_get_future()
+    no_second_mpi_thread("after get_future()")
+    big = 3 << 17  # above the MPI worker's threshold: run as MPI's nonblocking calls here
+    for k in range(2):
+        large = torch.arange(big, dtype=torch.float32) * (k + 1) + rank
+        part = torch.arange(big // 4, dtype=torch.float32) + 1000 * rank + k
+        gathered = torch.empty(n * big // 4)
+        handles = [
+            mcr.all_reduce(large, async_op=True, backend="mpi"),
+            mcr.all_gather_into_tensor(gathered, part, async_op=True, backend="mpi"),
+        ]
+        small = torch.arange(4, dtype=torch.float32) + 10 * rank + k
+        if rank == 1:  # waits on MPI while rank 0 blocks in gloo: rank 0's own thread must move MPI
+            for h in handles:
+                h.wait()
+        mcr.all_reduce(small, backend="gloo")
+        for h in handles:
+            h.wait()
+        same("large all_reduce", large, sum(torch.arange(big, dtype=torch.float32) * (k + 1) + r for r in range(n)))
+        want = torch.cat([torch.arange(big // 4, dtype=torch.float32) + 1000 * r + k for r in range(n)])
+        same("large all_gather", gathered, want)
+        same("gloo all_reduce", small, sum(torch.arange(4, dtype=torch.float32) + 10 * r + k for r in range(n)))
+        checks += 3
+    no_second_mpi_thread("after large async collectives")
+    return checks
+
+
+if mode in ("torch-off", "single"):
+    import torch.distributed as dist
+
+    from mcr.hooks.torch_backend import init_process_group
+
+    init_process_group(config={"progress_thread": False} if mode == "torch-off" else None)
+    rank, n = dist.get_rank(), dist.get_world_size()
+    checks = futures_wait_at_get_future() if mode == "torch-off" else single_threaded_mpi()
+    print(f"rank {rank}: progress OK {checks} checks via {mode}", flush=True)
+    dist.destroy_process_group()
+elif mode == "torch":
     import torch.distributed as dist
 
     from mcr.hooks.torch_backend import init_process_group
@@ -161,6 +269,9 @@ elif mode == "hang":
 else:
     mcr.init()
     rank, n = mcr.get_rank(), mcr.get_world_size()
-    checks = mixed_sizes() if mode == "mixed" else mcr_ops(mode)
-    print(f"rank {rank}: progress OK {checks} checks via mcr on {mode}", flush=True)
+    if mode == "alone":
+        completion_alone()
+    else:
+        checks = mixed_sizes() if mode == "mixed" else mcr_ops(mode)
+        print(f"rank {rank}: progress OK {checks} checks via mcr on {mode}", flush=True)
     mcr.finalize()
