@@ -28,15 +28,32 @@ def test_every_op_correct_under_torchrun_init_process_group_mcr():
     assert "gives no MPI world" in out  # the runtime says once why MPI is missing
 
 
-def test_ddp_and_fsdp_on_mcr_match_plain_gloo_through_the_runtime():
+@pytest.fixture(scope="module")
+def gloo_ddp_losses():
+    return tagged(run("ddp_script.py", "gloo", launcher="torchrun"), "LOSSES")
+
+
+def test_ddp_and_fsdp_on_mcr_match_plain_gloo_through_the_runtime(gloo_ddp_losses):
     out = run("ddp_script.py", "mcr")
-    baseline = run("ddp_script.py", "gloo", launcher="torchrun")
-    assert_same_losses(tagged(out, "LOSSES"), tagged(baseline, "LOSSES"))
+    assert_same_losses(tagged(out, "LOSSES"), gloo_ddp_losses)
     logs = tagged(out, "COMMLOG")
     ddp, fsdp = families(logs["ddp 0"]), families(logs["fsdp 1"])
     assert ddp.get("all_reduce") == {"mpi"}, ddp  # the reducer's buckets, through the runtime's choice
     assert ddp.get("broadcast") == {"mpi"}, ddp  # DDP's initial parameter sync
     assert fsdp.get("all_gather") == {"mpi"} and fsdp.get("reduce_scatter") == {"mpi"}, fsdp
+
+
+@pytest.mark.parametrize(
+    "env",
+    [{"MCR_PROGRESS_THREAD": "0"}, {"MPI4PY_RC_THREAD_LEVEL": "single"}],
+    ids=["progress_thread_off", "no_mpi_thread_multiple"],
+)
+def test_ddp_and_fsdp_without_the_progress_thread_match_plain_gloo(gloo_ddp_losses, env):
+    """The reducer's futures complete at `get_future()` (no thread sets them later): a future
+    left pending there hangs DDP, one set before its op is done trains on partial sums."""
+    out = run("ddp_script.py", "mcr", env={**env, "MCR_WATCHDOG_TIMEOUT": "60"}, timeout=150)
+    assert_same_losses(tagged(out, "LOSSES"), gloo_ddp_losses)
+    assert families(tagged(out, "COMMLOG")["ddp 0"]).get("all_reduce") == {"mpi"}, out[-3000:]
 
 
 def test_rank_disagreeing_with_the_launcher_is_a_clear_error(monkeypatch):
