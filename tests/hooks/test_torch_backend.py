@@ -49,8 +49,8 @@ def test_ddp_and_fsdp_on_mcr_match_plain_gloo_through_the_runtime(gloo_ddp_losse
     ids=["progress_thread_off", "no_mpi_thread_multiple"],
 )
 def test_ddp_and_fsdp_without_the_progress_thread_match_plain_gloo(gloo_ddp_losses, env):
-    """The reducer's futures complete at `get_future()` (no thread sets them later): a future
-    left pending there hangs DDP, one set before its op is done trains on partial sums."""
+    """The reducer's futures complete at `get_future()` (no thread sets them later): one set
+    there before its op is done hands DDP gradients not yet all-reduced, and the losses drift."""
     out = run("ddp_script.py", "mcr", env={**env, "MCR_WATCHDOG_TIMEOUT": "60"}, timeout=150)
     assert_same_losses(tagged(out, "LOSSES"), gloo_ddp_losses)
     assert families(tagged(out, "COMMLOG")["ddp 0"]).get("all_reduce") == {"mpi"}, out[-3000:]

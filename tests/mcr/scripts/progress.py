@@ -34,7 +34,7 @@ import mcr
 
 TIMEOUT_S = 30
 LATE_S = 2.0
-ALONE_S = 3.0  # long enough for the progress thread (polls every 50 µs-1 ms), short for a test
+ALONE_S = 5.0  # long enough for the progress thread (polls every 50 µs-1 ms), short for a test
 mode = sys.argv[1]
 
 
