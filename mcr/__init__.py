@@ -15,6 +15,7 @@ from .api import (
     available_backends,
     barrier,
     broadcast,
+    dump_flight_record,
     finalize,
     gather,
     get_local_rank,

@@ -61,6 +61,15 @@ def finalize() -> None:
         _runtime = None
 
 
+def dump_flight_record(directory=None):
+    """Write this rank's flight record (its last ops, `mcr.flight`) into `directory` (default:
+    flight_recorder_dir / MCR_FR_DIR) for `torchfrtrace DIR`; returns the file's path."""
+    path = runtime().dump_flight_record("asked for by mcr.dump_flight_record()", directory)
+    if path is None and runtime().recorder is not None:
+        raise ValueError("mcr.dump_flight_record: no directory; pass one or set MCR_FR_DIR (flight_recorder_dir)")
+    return path
+
+
 def is_initialized() -> bool:
     return _runtime is not None
 

@@ -32,6 +32,11 @@ class RuntimeConfig:
     backends: str = ",".join(KNOWN_BACKENDS)  # which backends to start, where available
     debug: str = "off"  # detail: before each collective the group's ranks check they make the same call
     progress_thread: bool = True  # a thread completes async ops (and their futures) nobody waits on
+    # the flight recorder (`mcr.flight`): the last N ops per rank (0: off), dumped into this
+    # directory on a hang, SIGTERM, SIGUSR1, an uncaught exception or mcr.dump_flight_record()
+    flight_recorder: int = 2000
+    flight_recorder_dir: Optional[str] = None  # no directory: nothing is written
+    flight_recorder_dump_on_finalize: bool = False  # also dump at finalize() (a run that ended well)
 
 
 class ConfigError(ValueError):
@@ -65,6 +70,16 @@ def _flag(var, value):
     return word in ("1", "true", "yes", "on")
 
 
+def _count(var, value):
+    try:
+        count = int(value)
+    except ValueError:
+        count = -1
+    if count < 0:
+        raise ConfigError(f"bad value {value!r} for {var}: give a number of entries (0 turns it off), e.g. {var}=2000")
+    return count
+
+
 def _seconds(var, value):
     try:
         return float(value)
@@ -84,6 +99,9 @@ ENV_VARS = {
     "MCR_WATCHDOG_TIMEOUT": ("watchdog_timeout_s", _seconds),
     "MCR_DEBUG": ("debug", _text),
     "MCR_PROGRESS_THREAD": ("progress_thread", _flag),
+    "MCR_FR_SIZE": ("flight_recorder", _count),
+    "MCR_FR_DIR": ("flight_recorder_dir", _text),
+    "MCR_FR_DUMP_ON_FINALIZE": ("flight_recorder_dump_on_finalize", _flag),
 }
 
 
@@ -127,6 +145,8 @@ def load(config=None, env=None, **kwargs) -> RuntimeConfig:
             )
         if name != "auto":
             _check_backend(name, f"the override for {op}")
+    if cfg.flight_recorder < 0:
+        raise ConfigError(f"bad value {cfg.flight_recorder} for flight_recorder (MCR_FR_SIZE): give 0 (off) or more")
     if cfg.debug not in ("off", "detail"):
         raise ConfigError(f"bad value {cfg.debug!r} for debug (MCR_DEBUG); choose off or detail")
     for name in cfg.backends.split(","):

@@ -6,7 +6,7 @@ from collections.abc import Hashable
 
 
 class Group:
-    __slots__ = ("gid", "ranks", "rank", "size", "comms", "shape", "_to_group_rank")
+    __slots__ = ("gid", "ranks", "rank", "size", "comms", "shape", "_to_group_rank", "collective_seq", "p2p_seq")
 
     def __init__(self, gid: Hashable, ranks, my_global_rank: int, shape=None):
         # the group's key in the choice cache and the tuner: an int for groups the runtime numbers
@@ -20,6 +20,7 @@ class Group:
         # nodes spanned and ranks per node (`mcr.topology.Shape`): the tuning table's key beside
         # the size, and what node-aware candidates need; None where no topology was given
         self.shape = shape
+        self.collective_seq = self.p2p_seq = 0  # ops issued on the group (`mcr.flight`)
 
     @property
     def nodes(self):

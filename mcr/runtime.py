@@ -37,6 +37,7 @@ import sys
 import time
 import zlib
 from datetime import timedelta
+from functools import partial
 from threading import Event, Thread, get_ident
 from typing import NamedTuple
 
@@ -44,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from . import env as launch_env
-from . import hugepages, netcheck, node_aware
+from . import flight, hugepages, netcheck, node_aware
 from .backends.base import Backend, BackendUnavailable
 from .backends.mpi import MPIBackend
 from .backends.torch_dist import GlooBackend, NcclBackend
@@ -53,10 +54,12 @@ from .choose import BUILTIN_ORDER, Call, Policy, require, select_backend, table_
 from .commlog import CommLog
 from .config import ConfigError, RuntimeConfig
 from .debug import CallChecker
+from .flight import FlightRecorder
 from .group import Group
 from .handle import Handle
 from .inflight import InFlight
 from .mpi_driver import MPIDriver
+from .ops import dtype_name
 from .progress import ProgressThread
 from .topology import Topology
 from .tuning.candidates import label
@@ -94,7 +97,11 @@ class Route(NamedTuple):
     backend: Backend  # a node-aware route: its inter-node backend
     chunk_bytes: int  # > 0: an all-reduce larger than this runs as a train of chunks
     op: OpCall  # `op.backend`: the candidate's label (mpi, mpi/chunk=1M, node:mpi+gloo)
-    plan: NodePlan | None = None  # set: run as phases inside and between nodes
+    plan: NodePlan | None  # set: run as phases inside and between nodes
+    rule: str  # the rung that chose it (`mcr.choose.Selection.rule`), for the flight recorder
+    dtype_name: str  # and what the recorder says of the call's tensors
+    itemsize: int
+    device_type: str
 
 
 class Runtime:
@@ -131,7 +138,13 @@ class Runtime:
         self.world = self.new_group(range(info.world_size))
         self.table = self._online_tuner(cfg) if cfg.tuning == "auto" else table
         self.comm_log = CommLog() if cfg.comm_log else None
-        self.watchdog = Watchdog(info.rank, cfg.watchdog_timeout_s) if cfg.watchdog_timeout_s > 0 else None
+        self.recorder = (
+            FlightRecorder(info.rank, cfg.flight_recorder, cfg.flight_recorder_dir, cfg.watchdog_timeout_s)
+            if cfg.flight_recorder > 0
+            else None
+        )
+        dump = self.dump_flight_record if self.recorder is not None else None
+        self.watchdog = Watchdog(info.rank, cfg.watchdog_timeout_s, dump) if cfg.watchdog_timeout_s > 0 else None
         self._waits = self.watchdog.waits if self.watchdog is not None else None
         self._choices = {}
         self._node_groups = {}  # group gid -> its node-local and peer groups (node_groups())
@@ -244,11 +257,30 @@ class Runtime:
             # we never return, so write to the real stderr or the traceback is lost.
             sys.stderr = sys.__stderr__
             previous(kind, value, traceback)
+            while traceback is not None and traceback.tb_next is not None:
+                traceback = traceback.tb_next
+            self.dump_flight_record(f"uncaught {kind.__name__}", frame=traceback and traceback.tb_frame)
             sys.stderr.write(f"mcr: rank {self.rank} ended with {kind.__name__}; aborting the job\n")
             sys.stderr.flush()
             self.abort_job()
 
         sys.excepthook = hook
+
+    def dump_flight_record(self, why="asked for", directory=None, frame=None) -> str | None:
+        """Write this rank's flight record (`mcr.flight`) into `directory` (default: the
+        configured one) and say where on stderr; None where the recorder is off or no directory
+        is set. Safe from any thread, and at any moment (the watchdog, signals)."""
+        if self.recorder is None:
+            return None
+        try:
+            path = self.recorder.dump(why, directory, frame)
+        except OSError as exc:
+            sys.stderr.write(f"mcr: rank {self.rank} could not write its flight record: {exc}\n")
+            return None
+        if path is not None:
+            sys.stderr.write(f"mcr: rank {self.rank} wrote its flight record ({why}) to {path}\n")
+            sys.stderr.flush()
+        return path
 
     def abort_job(self):
         """End this rank now and, through MPI where it runs, the whole job."""
@@ -386,6 +418,9 @@ class Runtime:
         route = self.route(
             family, nbytes, group, tensor.dtype, "cuda" if tensor.is_cuda else "cpu", explicit, reduce_op
         )
+        recorder = self.recorder
+        if recorder is not None:
+            entry = recorder.issue(route, group, method, async_op, args[1] if family == "send_recv" else None)
         if route.chunk_bytes and nbytes > route.chunk_bytes:
             result = self._run_chunked(route, group, tensor, reduce_op, async_op)
         elif route.plan is not None:
@@ -393,6 +428,11 @@ class Runtime:
         else:
             backend = route.backend
             result = self.run(route.op, group, async_op, getattr(backend, method), group.comms[backend.name], args)
+        if recorder is not None:
+            if not async_op:
+                entry[flight.DONE] = time.time_ns()
+            else:
+                result.then(partial(recorder.complete, entry))
         if after is None:
             return result
         if async_op:
@@ -421,16 +461,17 @@ class Runtime:
             return found
         if not group.is_member:
             raise ValueError(f"mcr.{family}: rank {self.rank} is not a member of {group}")
-        backend, chunk, plan = self._decide(family, nbytes, group, dtype, device_type, explicit, reduce_op)
+        backend, chunk, plan, rule = self._decide(family, nbytes, group, dtype, device_type, explicit, reduce_op)
         name = backend.name if plan is None else plan.label
-        found = Route(backend, chunk, OpCall(family, name, nbytes, group.size), plan)
+        op = OpCall(family, name, nbytes, group.size)
+        found = Route(backend, chunk, op, plan, rule, dtype_name(dtype), dtype.itemsize, device_type)
         if len(self._choices) > 65536:
             self._choices.clear()  # bounded: uneven all-to-all sizes are many
         self._choices[key] = found
         return found
 
     def _decide(self, family, nbytes, group, dtype, device_type, explicit, reduce_op):
-        """(backend, chunk bytes, node plan or None) by `mcr.choose.select_backend`, the pure
+        """(backend, chunk bytes, node plan or None, rule) by `mcr.choose.select_backend`, the pure
         choice `python -m mcr.explain` runs too; its notes (a fallback, a node-aware candidate
         run flat) are said here, each once."""
         call = Call(
@@ -443,9 +484,10 @@ class Runtime:
                 log.warning("mcr: %s", note.text)
             self._warned.add(note.key)
         backend = self.backends[picked.backend]
+        rule = picked.rule if not picked.notes else f"{picked.rule}; {'; '.join(n.text for n in picked.notes)}"
         if picked.intra:
-            return backend, 0, NodePlan(self.backends[picked.intra], backend, picked.label)
-        return backend, picked.chunk_bytes, None
+            return backend, 0, NodePlan(self.backends[picked.intra], backend, picked.label), rule
+        return backend, picked.chunk_bytes, None, rule
 
     def _from_table(self, call, group):
         """(Choice, rule) from the tuning table, or None; an online table may measure now, with the group."""
@@ -664,6 +706,8 @@ class Runtime:
         self.in_flight.complete_all()  # under the watchdog: a peer that never posts its part is named
         self.callbacks.stop()  # the futures of those ops; their callbacks may issue more ops
         self.in_flight.complete_all()
+        if self.cfg.flight_recorder_dump_on_finalize:
+            self.dump_flight_record("finalize")
         if self.comm_log is not None:
             if self.rank == 0:
                 print("mcr communication log (rank 0)\n" + self.comm_log.table(), flush=True)

@@ -7,6 +7,9 @@ waited longer than the timeout, prints the culprit and ends the process. The lau
 The same thread names the op a rank waits in when the launcher ends the job (SIGTERM: mpiexec,
 torchrun and srun send it to the survivors when a rank dies), so the output says where each
 survivor stood, not only the launcher's line about the dead rank.
+
+Where the flight recorder is on (`mcr.flight`), `dump(why)` writes this rank's record before the
+process ends (a hang, SIGTERM), and on SIGUSR1 (`kill -USR1 PID`: a look at a live job).
 """
 
 from __future__ import annotations
@@ -26,9 +29,10 @@ class Watchdog:
     caller only stores and deletes that tuple (cheap: no clock reads on the hot path); this
     thread notes when it first saw each tuple and times it from there, to within a period."""
 
-    def __init__(self, rank: int, timeout_s: float):
+    def __init__(self, rank: int, timeout_s: float, dump=None):
         self.rank = rank
         self.timeout_s = timeout_s
+        self.dump = dump  # dump(why): the flight recorder's, or None
         self.waits = {}
         self._first_seen = {}  # id(what) -> (what, time): holding `what` keeps its id unique
         self._stop = threading.Event()
@@ -42,6 +46,8 @@ class Watchdog:
         self._stop.set()
         if self._signals is not None and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            if self.dump is not None:
+                signal.signal(signal.SIGUSR1, signal.SIG_DFL)
             signal.set_wakeup_fd(-1)
 
     def _catch_sigterm(self):
@@ -61,6 +67,9 @@ class Watchdog:
             os.close(write_end)
             return None
         signal.signal(signal.SIGTERM, lambda signum, frame: self._terminated())
+        if self.dump is not None and signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL:
+            # the handler runs only once the main thread is back in Python; this thread dumps at once
+            signal.signal(signal.SIGUSR1, lambda signum, frame: None)
         return read_end
 
     def _sleep(self, period):
@@ -69,8 +78,13 @@ class Watchdog:
             self._stop.wait(period)
             return
         ready, _, _ = select.select([self._signals], [], [], period)
-        if ready and signal.SIGTERM in os.read(self._signals, 64) and not self._stop.is_set():
+        if not ready or self._stop.is_set():
+            return
+        received = os.read(self._signals, 64)
+        if signal.SIGTERM in received:
             self._terminated()
+        if signal.SIGUSR1 in received and self.dump is not None:
+            self.dump("SIGUSR1")
 
     def _watch(self):
         period = min(1.0, self.timeout_s / 4)
@@ -107,6 +121,8 @@ class Watchdog:
                 if not waits:
                     sys.stderr.write(f"{ended} outside any communication op\n")
                 sys.stderr.flush()
+                if self.dump is not None:
+                    self.dump("SIGTERM")
             os._exit(128 + signal.SIGTERM)  # the shell's code for "ended by SIGTERM"
 
     def _fire(self, what, waited):
@@ -118,4 +134,6 @@ class Watchdog:
             f"{self.timeout_s:g}).\n"
         )
         sys.stderr.flush()
+        if self.dump is not None:
+            self.dump(f"watchdog: {op} waited {waited:.1f} s")
         os._exit(EXIT_CODE)

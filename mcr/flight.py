@@ -1,0 +1,223 @@
+"""The flight recorder: each rank's last N ops, dumped where torch's analyzer reads them.
+
+Every op the runtime routes (`Runtime.call`) is one entry of a bounded ring: the op, its group and
+sequence number in that group, sizes and dtype, the backend that ran it and the rule that chose
+it, and when it was issued and completed. Nothing is formatted on the hot path; an entry is a
+list the runtime fills in. A dump (`dump()`; the watchdog, SIGTERM, SIGUSR1, an uncaught
+exception and, when asked, `finalize()` call it) writes one pickle per rank in the format of
+torch's own flight recorder (`torch._C._distributed_c10d._dump_fr_trace`, version 2.10), so
+`torchfrtrace DIR` names the first collective that did not match across ranks and the ranks
+that never reached it.
+
+Where torch's format has no field for mcr's facts, an entry carries extra keys the analyzer
+ignores: `mcr_backend` (what ran it: mpi, gloo, mpi/chunk=1M, node:mpi+gloo), `mcr_rule` (the
+rung that chose it) and `mcr_nbytes`. `profiling_name` keeps torch's library names, which the
+analyzer requires: "gloo:<op>" for CPU tensors and "nccl:<op>" for CUDA ones, whichever mcr
+backend ran the op.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import threading
+from collections import deque
+from threading import get_ident
+from time import time_ns
+
+VERSION = "2.10"  # torch's flight-recorder format this file writes (torch 2.10+)
+FILE_PREFIX = "mcr_fr_rank_"  # torchfrtrace takes the rank from the digits after the prefix
+
+# entry fields (a list, so the hot path fills it without a class)
+RECORD, ROUTE, GROUP, SEQ, P2P_SEQ, METHOD, PEER, ASYNC, THREAD, CREATED, DONE = range(11)
+
+# mcr's op family and backend method -> the name torch's analyzer knows
+_TORCH_NAMES = {
+    "all_gather_into_tensor": "_all_gather_base",
+    "reduce_scatter_tensor": "_reduce_scatter_base",
+    "all_to_all_single": "all_to_all",
+}
+_DTYPE_NAMES = {
+    "float32": "Float",
+    "float64": "Double",
+    "float16": "Half",
+    "bfloat16": "BFloat16",
+    "int64": "Long",
+    "int32": "Int",
+    "int16": "Short",
+    "int8": "Char",
+    "uint8": "Byte",
+    "bool": "Bool",
+    "complex64": "ComplexFloat",
+    "complex128": "ComplexDouble",
+}
+
+
+class FlightRecorder:
+    def __init__(self, rank: int, size: int, directory: str | None, timeout_s: float):
+        self.rank = rank
+        self.entries = deque(maxlen=size)  # bounded: the oldest entries fall off
+        self.directory = directory
+        self.timeout_ms = int(timeout_s * 1000)
+        self.next_record = 0
+        self._dumping = threading.Lock()
+
+    def issue(self, route, group, method, async_op, peer=None):
+        """A new entry for a call about to run; the caller sets `entry[DONE]` (ns) when it completes.
+        It runs on every call: about 0.3 µs here, nothing formatted, no lock (one thread issues
+        a rank's ops; a dump copies the ring first)."""
+        record = self.next_record
+        self.next_record = record + 1
+        if route.op.family != "send_recv":
+            group.collective_seq += 1
+        else:
+            group.p2p_seq += 1
+        entry = [
+            record,
+            route,
+            group,
+            group.collective_seq,
+            group.p2p_seq,
+            method,
+            peer,
+            async_op,
+            get_ident(),
+            time_ns(),
+            0,
+        ]
+        self.entries.append(entry)
+        return entry
+
+    @staticmethod
+    def complete(entry) -> None:
+        entry[DONE] = time_ns()
+
+    # --- the dump, in torch's format ----------------------------------------------------------
+    def dump(self, why: str, directory: str | None = None, frame=None) -> str | None:
+        """Write this rank's entries to DIR/mcr_fr_rank_<rank> (atomically: a reader never sees
+        half a file) and return the path; None where no directory is set. `frame`: where this
+        thread stood when it failed (an exception's innermost frame), for its pending op's stack."""
+        directory = directory or self.directory
+        if directory is None:
+            return None
+        with self._dumping:
+            os.makedirs(directory, exist_ok=True)
+            path = os.path.join(directory, f"{FILE_PREFIX}{self.rank}")
+            partial = os.path.join(directory, f".partial-{os.getpid()}")  # no prefix: the analyzer skips it
+            with open(partial, "wb") as out:
+                pickle.dump(self.snapshot(why, frame), out)
+            os.replace(partial, path)
+        return path
+
+    def snapshot(self, why: str, frame=None) -> dict:
+        stacks = sys._current_frames()  # the pending ops' callers, where they wait now
+        if frame is not None:
+            stacks[get_ident()] = frame
+        ring = list(self.entries)
+        entries = [self._torch_entry(entry, stacks) for entry in ring]
+        groups = {_pg_name(entry[GROUP].gid): entry[GROUP] for entry in ring}
+        return {
+            "version": VERSION,
+            "comm_lib_version": "mcr",
+            "pg_config": {
+                name: {"name": name, "desc": _desc(g), "ranks": str(list(g.ranks))} for name, g in groups.items()
+            },
+            "pg_status": {
+                name: {
+                    "last_enqueued_collective": g.collective_seq,
+                    "last_started_collective": -1,
+                    "last_completed_collective": max(
+                        (e["collective_seq_id"] for e in entries if e["state"] == "completed" and e["pg_name"] == name),
+                        default=-1,
+                    ),
+                }
+                for name, g in groups.items()
+            },
+            "entries": entries,
+            "mcr_dump_reason": why,
+            "mcr_rank": self.rank,
+        }
+
+    def _torch_entry(self, entry, stacks) -> dict:
+        route, group, method = entry[ROUTE], entry[GROUP], entry[METHOD]
+        op = route.op
+        torch_name = _TORCH_NAMES.get(method, method)
+        itemsize = route.itemsize or 1
+        n = op.nbytes // itemsize
+        inputs, outputs = [n], [n]
+        if op.family in ("all_gather", "gather"):  # sized by the gathered output
+            inputs = [n // group.size]
+        elif op.family in ("reduce_scatter", "scatter"):  # sized by the scattered input
+            outputs = [n // group.size]
+        is_p2p = op.family == "send_recv"
+        if is_p2p:
+            peer = entry[PEER] if entry[PEER] is not None else -1
+            torch_name = f"send {group.rank}->{peer}" if method == "send" else f"recv {group.rank}<-{peer}"
+        done = entry[DONE]
+        if done:
+            state = "completed"
+        elif not entry[ASYNC]:
+            state = "started"  # a blocking call: its caller is in it
+        else:
+            state = "scheduled"
+        frames = [] if done else _frames(stacks.get(entry[THREAD]))
+        dtype = _DTYPE_NAMES.get(route.dtype_name, route.dtype_name)
+        name = _pg_name(group.gid)
+        return {
+            "record_id": entry[RECORD],
+            "pg_id": group.gid if isinstance(group.gid, int) else hash(group.gid) & 0xFFFF,
+            "process_group": (name, _desc(group)),
+            "pg_name": name,
+            "collective_seq_id": entry[SEQ],
+            "p2p_seq_id": entry[P2P_SEQ],
+            "op_id": entry[SEQ] + entry[P2P_SEQ],
+            "profiling_name": f"{'nccl' if route.device_type == 'cuda' else 'gloo'}:{torch_name}",
+            "time_created_ns": entry[CREATED],
+            "input_sizes": [inputs],
+            "output_sizes": [outputs],
+            "input_dtypes": [dtype],
+            "output_dtypes": [dtype],
+            "state": state,
+            "time_discovered_started_ns": None if entry[ASYNC] else entry[CREATED],
+            "time_discovered_completed_ns": done or None,
+            "retired": bool(done),
+            "timeout_ms": self.timeout_ms,
+            "is_p2p": is_p2p,
+            "frames": frames,
+            "thread_id": str(entry[THREAD]),
+            "thread_name": _thread_name(entry[THREAD]),
+            "mcr_backend": op.backend,
+            "mcr_rule": route.rule,
+            "mcr_nbytes": op.nbytes,
+        }
+
+
+def _pg_name(gid) -> str:
+    """torch's group name: the hook's groups keep theirs; the runtime's are numbered (0: world)."""
+    return str(gid[1]) if isinstance(gid, tuple) else str(gid)
+
+
+def _desc(group) -> str:
+    return "default_pg" if group.gid == 0 else "undefined"
+
+
+def _frames(frame) -> list:
+    """The stack a pending op's caller stands in now, innermost first (torch's order), from the
+    public op (`mcr.api`) out: the runtime's own frames above it say nothing to the reader."""
+    frames = []
+    while frame is not None:
+        code = frame.f_code
+        frames.append({"name": code.co_name, "filename": code.co_filename, "line": frame.f_lineno})
+        frame = frame.f_back
+    here = os.path.dirname(os.path.abspath(__file__))
+    while frames and frames[0]["filename"].startswith(here) and not frames[0]["filename"].endswith("api.py"):
+        frames.pop(0)
+    return frames
+
+
+def _thread_name(ident) -> str:
+    for thread in threading.enumerate():
+        if thread.ident == ident:
+            return thread.name
+    return ""

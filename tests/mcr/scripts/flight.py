@@ -1,0 +1,57 @@
+"""Ops with a known history on every rank, then a fault, for the flight-recorder tests.
+Usage: flight.py hang|mismatch|raise|live
+  hang:     rank 1 skips the 8th collective and waits in a receive that never comes
+  mismatch: rank 1 all-reduces 8 elements where rank 0 all-reduces 4
+  raise:    rank 1 raises in its own code while rank 0 waits in an all-reduce
+  live:     40 ops with a ring of 16 (MCR_FR_SIZE); rank 1 sends itself SIGUSR1 while it waits
+            in a receive; both ranks dump again at finalize (MCR_FR_DUMP_ON_FINALIZE)"""
+
+import os
+import signal
+import sys
+import threading
+import time
+
+import torch
+
+import mcr
+
+mode = sys.argv[1]
+mcr.init()
+rank = mcr.get_rank()
+t = torch.arange(4, dtype=torch.float32) + 10 * rank
+pair = mcr.new_group([0, 1])
+for _ in range(3):  # collectives 1-6 on the world: the same on both ranks
+    mcr.all_reduce(t)
+    out = torch.empty(8)
+    mcr.all_gather_into_tensor(out, t)
+mcr.broadcast(t, 0, group=pair)
+if rank == 0:
+    mcr.send(t, 1)
+else:
+    mcr.recv(t, 0)
+mcr.all_reduce(t, async_op=True).wait()  # the world's 7th collective
+
+if mode == "hang":
+    if rank == 1:
+        mcr.recv(t, 0)  # skipped the all-reduce below: waits for a send rank 0 never makes
+    mcr.all_reduce(t)  # rank 0 waits here
+elif mode == "mismatch":
+    mcr.all_reduce(torch.ones(4 + 4 * rank))
+elif mode == "raise":
+    if rank == 1:
+        raise ValueError("a bug in the training script")
+    mcr.all_reduce(t)
+elif mode == "live":
+    for i in range(40):
+        mcr.all_reduce(t)
+    if rank == 1:
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+        mcr.recv(t, 0)  # in it when the signal comes: the dump names this line
+        dumps = os.environ["MCR_FR_DIR"]  # keep the live dump from finalize's
+        os.replace(os.path.join(dumps, "mcr_fr_rank_1"), os.path.join(dumps, "..", "sigusr1_rank_1"))
+    else:
+        time.sleep(4)
+        mcr.send(t, 1)
+    print(f"rank {rank} live OK", flush=True)
+mcr.finalize()
