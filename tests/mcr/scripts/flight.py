@@ -43,7 +43,7 @@ elif mode == "raise":
         raise ValueError("a bug in the training script")
     mcr.all_reduce(t)
 elif mode == "live":
-    for i in range(40):
+    for _ in range(40):
         mcr.all_reduce(t)
     if rank == 1:
         threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGUSR1)).start()
