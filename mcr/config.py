@@ -37,6 +37,7 @@ class RuntimeConfig:
     flight_recorder: int = 2000
     flight_recorder_dir: Optional[str] = None  # no directory: nothing is written
     flight_recorder_dump_on_finalize: bool = False  # also dump at finalize() (a run that ended well)
+    trace_dir: Optional[str] = None  # finalize() writes a timeline of every op here (`mcr.trace`)
 
 
 class ConfigError(ValueError):
@@ -102,6 +103,7 @@ ENV_VARS = {
     "MCR_FR_SIZE": ("flight_recorder", _count),
     "MCR_FR_DIR": ("flight_recorder_dir", _text),
     "MCR_FR_DUMP_ON_FINALIZE": ("flight_recorder_dump_on_finalize", _flag),
+    "MCR_TRACE_DIR": ("trace_dir", _text),
 }
 
 

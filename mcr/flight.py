@@ -30,7 +30,7 @@ VERSION = "2.10"  # torch's flight-recorder format this file writes (torch 2.10+
 FILE_PREFIX = "mcr_fr_rank_"  # torchfrtrace takes the rank from the digits after the prefix
 
 # entry fields (a list, so the hot path fills it without a class)
-RECORD, ROUTE, GROUP, SEQ, P2P_SEQ, METHOD, PEER, ASYNC, THREAD, CREATED, DONE = range(11)
+RECORD, ROUTE, GROUP, SEQ, P2P_SEQ, METHOD, PEER, ASYNC, THREAD, CREATED, DONE, RETURNED = range(12)
 
 # mcr's op family and backend method -> the name torch's analyzer knows
 _TORCH_NAMES = {
@@ -55,9 +55,10 @@ _DTYPE_NAMES = {
 
 
 class FlightRecorder:
-    def __init__(self, rank: int, size: int, directory: str | None, timeout_s: float):
+    def __init__(self, rank: int, size: int, directory: str | None, timeout_s: float, keep_all=False):
         self.rank = rank
         self.entries = deque(maxlen=size)  # bounded: the oldest entries fall off
+        self.kept = [] if keep_all else None  # every entry, for a timeline trace (`mcr.trace`)
         self.directory = directory
         self.timeout_ms = int(timeout_s * 1000)
         self.next_record = 0
@@ -85,8 +86,11 @@ class FlightRecorder:
             get_ident(),
             time_ns(),
             0,
+            0,  # an async call's return to its caller (set by the caller)
         ]
         self.entries.append(entry)
+        if self.kept is not None:
+            self.kept.append(entry)
         return entry
 
     @staticmethod

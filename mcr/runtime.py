@@ -139,10 +139,14 @@ class Runtime:
         self.table = self._online_tuner(cfg) if cfg.tuning == "auto" else table
         self.comm_log = CommLog() if cfg.comm_log else None
         self.recorder = (
-            FlightRecorder(info.rank, cfg.flight_recorder, cfg.flight_recorder_dir, cfg.watchdog_timeout_s)
-            if cfg.flight_recorder > 0
+            FlightRecorder(
+                info.rank, cfg.flight_recorder, cfg.flight_recorder_dir, cfg.watchdog_timeout_s, bool(cfg.trace_dir)
+            )
+            if cfg.flight_recorder > 0 or cfg.trace_dir
             else None
         )
+        if cfg.trace_dir:  # each op also a span in a running torch.profiler's trace (`mcr.trace`)
+            self.call = self._profiled_call
         dump = self.dump_flight_record if self.recorder is not None else None
         self.watchdog = Watchdog(info.rank, cfg.watchdog_timeout_s, dump) if cfg.watchdog_timeout_s > 0 else None
         self._waits = self.watchdog.waits if self.watchdog is not None else None
@@ -433,12 +437,20 @@ class Runtime:
                 entry[flight.DONE] = time.time_ns()
             else:
                 result.then(partial(recorder.complete, entry))
+                entry[flight.RETURNED] = time.time_ns()
         if after is None:
             return result
         if async_op:
             return result.then(after)
         after()
         return None
+
+    def _profiled_call(self, family, method, *args, **kwargs):
+        """`call` inside a torch.profiler span while a profiler runs (tracing only: off the hot path)."""
+        if not torch._C._autograd._profiler_enabled():
+            return Runtime.call(self, family, method, *args, **kwargs)
+        with torch.autograd.profiler.record_function(f"mcr:{method}"):
+            return Runtime.call(self, family, method, *args, **kwargs)
 
     # --- step 2: choose ------------------------------------------------------------------------
     def force_backend(self, name: str | None) -> None:
@@ -708,6 +720,10 @@ class Runtime:
         self.in_flight.complete_all()
         if self.cfg.flight_recorder_dump_on_finalize:
             self.dump_flight_record("finalize")
+        if self.cfg.trace_dir:
+            from . import trace  # here: `python -m mcr.trace` must not find it imported already
+
+            trace.write_rank(self.recorder, self.rank, self.cfg.trace_dir, time.time_ns())
         if self.comm_log is not None:
             if self.rank == 0:
                 print("mcr communication log (rank 0)\n" + self.comm_log.table(), flush=True)
