@@ -70,16 +70,17 @@ class FlightRecorder:
         a rank's ops; a dump copies the ring first)."""
         record = self.next_record
         self.next_record = record + 1
+        info = group.info
         if route.op.family != "send_recv":
-            group.collective_seq += 1
+            info.collective_seq += 1
         else:
-            group.p2p_seq += 1
+            info.p2p_seq += 1
         entry = [
             record,
             route,
-            group,
-            group.collective_seq,
-            group.p2p_seq,
+            info,
+            info.collective_seq,
+            info.p2p_seq,
             method,
             peer,
             async_op,

@@ -5,8 +5,19 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 
+class GroupInfo:
+    """What the flight recorder (`mcr.flight`) keeps of a group: its key, ranks and how many ops
+    were issued on it, not its communicators, so a group torch destroys takes its threads along."""
+
+    __slots__ = ("gid", "ranks", "rank", "size", "collective_seq", "p2p_seq")
+
+    def __init__(self, gid, ranks, rank):
+        self.gid, self.ranks, self.rank, self.size = gid, ranks, rank, len(ranks)
+        self.collective_seq = self.p2p_seq = 0
+
+
 class Group:
-    __slots__ = ("gid", "ranks", "rank", "size", "comms", "shape", "_to_group_rank", "collective_seq", "p2p_seq")
+    __slots__ = ("gid", "ranks", "rank", "size", "comms", "shape", "_to_group_rank", "info")
 
     def __init__(self, gid: Hashable, ranks, my_global_rank: int, shape=None):
         # the group's key in the choice cache and the tuner: an int for groups the runtime numbers
@@ -20,7 +31,7 @@ class Group:
         # nodes spanned and ranks per node (`mcr.topology.Shape`): the tuning table's key beside
         # the size, and what node-aware candidates need; None where no topology was given
         self.shape = shape
-        self.collective_seq = self.p2p_seq = 0  # ops issued on the group (`mcr.flight`)
+        self.info = GroupInfo(gid, self.ranks, self.rank)
 
     @property
     def nodes(self):
