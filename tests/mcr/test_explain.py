@@ -166,3 +166,36 @@ def test_a_fallback_at_run_time_is_said_once_on_rank_0_with_its_reason(route_job
     path, out = route_job
     said = re.findall(r"mcr: nccl \(the tuning table .*\) is unavailable \((.*)\); using mpi for broadcast", out)
     assert len(said) == 1 and said[0], out[-3000:]  # three choices on two ranks, said once
+
+
+def test_predict_prints_the_routes_a_job_of_another_size_takes_through_the_model(tmp_path):
+    """A table measured at 2 ranks, used by a 4-rank job (tuning_predict): the α-β model moves the
+    all-reduce crossover from 768K down to about 647K (662259 bytes), so 700K flips from gloo to mpi."""
+    from mcr.tuning.model import fits_for
+    from mcr.tuning.rules import entries_for
+    from mcr.tuning.table import Curve
+
+    mib, sizes = 1 << 20, [1 << 10, 64 << 10, 256 << 10, 512 << 10, 768 << 10, 1 << 20, 2 << 20]
+    latency = {  # mpi: high start-up, fast per byte; gloo: the opposite
+        "mpi": [round(100 + 10 * s / mib, 3) for s in sizes],
+        "gloo": [round(10 + 200 * s / mib, 3) for s in sizes],
+    }
+    curve = Curve("all_reduce", 2, "float32", sizes, latency)
+    path = str(tmp_path / "measured-at-2.yaml")
+    fingerprint = {"world_size": 2, "ranks_per_node": 2}
+    TuningTable(fingerprint, entries_for(curve), curves=[curve], model=fits_for(curve)).save(path)
+    calls = ["all_reduce:614400", "all_reduce:716800"]  # 600K and 700K
+    asked = ["--tuning", path, "--nodes", "1", "--ops", "all_reduce", "--sizes", "600K,700K"]
+    at_2 = rows(explain(*asked, "--world-size", "2"))
+    out = explain(*asked, "--world-size", "4", "--predict")
+    assert "predicted by its model for 4 ranks" in out and problems(out) == [], out
+    at_4 = rows(out)
+    assert [at_2["all_reduce", s][0] for s in (614400, 716800)] == ["gloo", "gloo"], at_2
+    assert [at_4["all_reduce", s][0] for s in (614400, 716800)] == ["gloo", "mpi"], at_4
+    job = run_script(4, os.path.join(SCRIPTS, "routes.py"), path, *calls, env={"MCR_TUNING_PREDICT": "1"}).check()
+    for call in calls:
+        op, size = call.split(":")
+        taken = set(re.findall(rf"rank \d: route {op} {size} (\S+) -", job.output))
+        assert taken == {at_4[op, int(size)][0]}, (call, job.output[-3000:])  # all four ranks, as printed
+    # without --predict the table is one for another shape, and explain says so
+    assert any(p.startswith("another shape") for p in problems(explain(*asked, "--world-size", "4"))), asked
