@@ -25,6 +25,7 @@ class CommConfig:
     backend: Any = "auto"  # auto | gloo | mpi | nccl | {op family: backend, default: backend}
     tuning: Optional[str] = None  # tuning table from `python -m mcr.tune`, or auto
     log: bool = True  # keep per-(op, backend, size) timings; the table is printed at the end
+    trace: bool = False  # a timeline of every comm op in <run dir>/trace (python -m mcr.trace merge)
 
 
 def op_families() -> tuple:
@@ -63,18 +64,22 @@ def check_comm(comm, key: str = "comm") -> None:
 
 
 def runtime_config(comm, comm_log_json: Optional[str] = None) -> dict:
-    """The mcr RuntimeConfig (as a dict) that `comm` asks for."""
+    """The mcr RuntimeConfig (as a dict) that `comm` asks for. The run's other comm files go
+    beside `comm_log_json` (the run dir): the flight recorder's dumps, and the trace if asked."""
     if isinstance(comm.backend, str):
         default, overrides = comm.backend, {}
     else:
         overrides = {op: name for op, name in comm.backend.items() if op != "default"}
         default = comm.backend.get("default", "auto")
+    run_dir = os.path.dirname(comm_log_json) if comm_log_json else None
     return {
         "backend": default,
         "overrides": overrides,
         "tuning": comm.tuning,
         "comm_log": bool(comm.log),
         "comm_log_json": comm_log_json,
+        "flight_recorder_dir": os.path.join(run_dir, "flight_recorder") if run_dir else None,
+        "trace_dir": os.path.join(run_dir, "trace") if run_dir and comm.trace else None,
     }
 
 

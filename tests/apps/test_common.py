@@ -102,7 +102,12 @@ def test_per_op_map_becomes_runtime_overrides():
         "tuning": None,
         "comm_log": True,
         "comm_log_json": None,
+        "flight_recorder_dir": None,
+        "trace_dir": None,
     }
+    traced = load_config(Schema, ["comm.trace=true"]).comm
+    files = runtime_config(traced, "runs/r1/comm_log.json")
+    assert (files["flight_recorder_dir"], files["trace_dir"]) == ("runs/r1/flight_recorder", "runs/r1/trace")
 
 
 def test_resolved_config_round_trips(tmp_path):
