@@ -180,10 +180,10 @@ def plot(path: str, out: str, start_ms: float | None = None, span_ms: float | No
         events = json.load(f)["traceEvents"]
     names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("name") == "thread_name"}
     spans = [e for e in events if e.get("ph") == "X" and e.get("cat") == "comm"]
-    for e in events:  # the profiler's own annotations (a trainer's forward, backward, ...): one row per rank
-        if e.get("ph") == "X" and e.get("cat") == "user_annotation" and not e["name"].startswith("mcr:"):
-            spans.append(dict(e, tid=0))
-            names[(e["pid"], 0)] = "torch.profiler"
+    spans += compute_spans(events)
+    for e in spans:
+        if e["tid"] == 0:
+            names[(e["pid"], 0)] = "compute (torch.profiler)"
     t0 = min(e["ts"] for e in spans) / 1e3 + (start_ms or 0.0)
     t1 = t0 + span_ms if span_ms else max(e["ts"] + e["dur"] for e in spans) / 1e3
     rows = sorted({(e["pid"], e["tid"]) for e in spans})
@@ -196,7 +196,8 @@ def plot(path: str, out: str, start_ms: float | None = None, span_ms: float | No
             left, width = e["ts"] / 1e3 - t0, e["dur"] / 1e3
             if left + width < 0 or left > t1 - t0:
                 continue
-            colour = colours.setdefault(e["name"].split(" ")[0], f"C{len(colours) % 10}")
+            kind = "compute" if e["tid"] == 0 else e["name"].split(" ")[0]
+            colour = colours.setdefault(kind, "0.75" if kind == "compute" else f"C{len(colours) % 10}")
             ax.barh(y, max(width, (t1 - t0) / 2000), left=left, color=colour, edgecolor="black", linewidth=0.2)
     ax.set_yticks(range(len(rows)), [f"rank {pid}: {names.get((pid, tid), tid)}" for pid, tid in rows])
     ax.invert_yaxis()
@@ -208,6 +209,27 @@ def plot(path: str, out: str, start_ms: float | None = None, span_ms: float | No
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     return out
+
+
+def compute_spans(events) -> list:
+    """A torch.profiler trace's outermost CPU ops on each rank's busiest thread (the training
+    loop's), as one row (tid 0): the compute between the comm spans."""
+    ops = {}
+    for e in events:
+        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation") and not e["name"].startswith("mcr:"):
+            ops.setdefault((e["pid"], e["tid"]), []).append(e)
+    busiest = {}
+    for (pid, tid), spans in ops.items():
+        if len(spans) > len(ops.get((pid, busiest.get(pid)), [])):
+            busiest[pid] = tid
+    outer = []
+    for pid, tid in busiest.items():
+        end = float("-inf")
+        for e in sorted(ops[pid, tid], key=lambda e: (e["ts"], -e["dur"])):
+            if e["ts"] >= end:  # not inside the previous outermost op
+                outer.append(dict(e, tid=0))
+                end = e["ts"] + e["dur"]
+    return outer
 
 
 def main(argv=None) -> int:
