@@ -2,7 +2,7 @@
 fit latency + bytes/bandwidth, for the ``link`` entry of a cluster file describing this machine.
 
 The timing is the runtime's own (`mcr.measure.time_op("send_recv")`: half a ping-pong, the
-slower rank's median), so bapipe and `mcr.tune` measure a link the same way."""
+slower rank's median), so bapipe and `mcr.tools.tune` measure a link the same way."""
 
 import os
 

@@ -1,6 +1,6 @@
 """The backend choice as a pure function: a call's description in, a backend, chunk size and
 the rule that decided out. `Runtime._decide` runs it for every new kind of call, and
-`python -m mcr.explain` runs it for calls it only imagines, so both say the same thing.
+`python -m mcr.tools.explain` runs it for calls it only imagines, so both say the same thing.
 
 The order (README, "How the backend is chosen"): `backend=` on the call, force_backend(), a
 per-op override, the tuning table, the configured default, the built-in order. Then the choice

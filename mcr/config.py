@@ -23,7 +23,7 @@ class RuntimeConfig:
     # default for every op: auto (tuning table, then built-in order), a backend name or node:INTRA+INTER
     backend: str = "auto"
     overrides: Dict[str, str] = field(default_factory=dict)  # op family -> backend (or node:INTRA+INTER)
-    tuning: Optional[str] = None  # path of a tuning table written by `python -m mcr.tune`, or "auto"
+    tuning: Optional[str] = None  # path of a tuning table written by `python -m mcr.tools.tune`, or "auto"
     tuning_predict: bool = False  # accept a table from another world size through its performance model
     tuning_save: Optional[str] = None  # with tuning: auto, rank 0 writes the learned table here
     comm_log: bool = False  # keep per-(op, backend, size) timings; table printed at finalize()

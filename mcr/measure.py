@@ -1,6 +1,6 @@
 """Timing one op on one backend at one size, agreed across ranks (the slowest rank counts).
 
-Shared by `mcr.bench` (report) and `mcr.tune` (decide), so both measure the same thing.
+Shared by `mcr.tools.bench` (report) and `mcr.tools.tune` (decide), so both measure the same thing.
 Message sizes follow nccl-tests: all-gather counts the gathered output, reduce-scatter and
 all-to-all the input, send/recv the message (latency is half a ping-pong, as OSU reports).
 """

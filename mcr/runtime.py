@@ -431,7 +431,7 @@ class Runtime:
 
     def _decide(self, family, nbytes, group, dtype, device_type, explicit, reduce_op):
         """(backend, chunk bytes, node plan or None) by `mcr.choose.select_backend`, the pure
-        choice `python -m mcr.explain` runs too; its notes (a fallback, a node-aware candidate
+        choice `python -m mcr.tools.explain` runs too; its notes (a fallback, a node-aware candidate
         run flat) are said here, each once."""
         call = Call(
             family, nbytes, group.size, group.nodes, dtype, device_type, reduce_op, explicit, group.shape, group.gid

@@ -5,7 +5,7 @@ apps: DDP, TorchRec). Both start the mcr runtime, so `mcr.new_group` works after
 the end (prints the comm table).
 
 `comm.backend` is `auto | gloo | mpi | nccl` or a map `{op family: backend, default: backend}`;
-`comm.tuning` is a tuning-table file written by `python -m mcr.tune`, or `auto` (tuned online).
+`comm.tuning` is a tuning-table file written by `python -m mcr.tools.tune`, or `auto` (tuned online).
 Every collective goes through the mcr runtime, which picks the backend per call.
 """
 
@@ -23,7 +23,7 @@ BACKENDS = ("auto", "gloo", "mpi", "nccl")
 @dataclass
 class CommConfig:
     backend: Any = "auto"  # auto | gloo | mpi | nccl | {op family: backend, default: backend}
-    tuning: Optional[str] = None  # tuning table from `python -m mcr.tune`, or auto
+    tuning: Optional[str] = None  # tuning table from `python -m mcr.tools.tune`, or auto
     log: bool = True  # keep per-(op, backend, size) timings; the table is printed at the end
 
 
@@ -58,7 +58,7 @@ def check_comm(comm, key: str = "comm") -> None:
     if comm.tuning not in (None, "auto") and not os.path.isfile(comm.tuning):
         raise ConfigError(
             f"bad value {comm.tuning!r} for config key '{key}.tuning': no such file; "
-            "give a table written by `python -m mcr.tune`, auto, or null"
+            "give a table written by `python -m mcr.tools.tune`, auto, or null"
         )
 
 

@@ -105,7 +105,7 @@ def _half_ops(mpi) -> dict:
     pieces of the message (its own segments); torch's kernels compute each element in float32
     and round once, so on 2 ranks the result is the correctly rounded sum, and on n ranks each
     element is rounded n-1 times, as in gloo's native 16-bit reduction. Moving 16-bit words
-    costs half the bytes of upcasting to float32 and reducing that (measured: `mcr.bench_half`)."""
+    costs half the bytes of upcasting to float32 and reducing that (measured: `mcr.tools.bench_half`)."""
     combine = {
         "sum": lambda acc, a: acc.add_(a),
         "product": lambda acc, a: acc.mul_(a),
@@ -125,7 +125,7 @@ def _half_ops(mpi) -> dict:
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 # Below this size a 16-bit all-reduce is faster as a float32 copy reduced by MPI's own SUM
-# (measured by `mcr.bench_half`: MPI calling our Python op costs tens of µs a call, which
+# (measured by `mcr.tools.bench_half`: MPI calling our Python op costs tens of µs a call, which
 # copying small tensors does not); there, all ranks' values are summed in float32, rounded once.
 UPCAST_BELOW = 64 << 10
 # From this size an async all-reduce, reduce-scatter or all-gather runs as a blocking call on the

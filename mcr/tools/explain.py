@@ -1,8 +1,8 @@
 """Which backend each op gets, and why, before a run: no ranks needed.
 
-    python -m mcr.explain --tuning configs/tuning/vm-n2.yaml --world-size 2 --nodes 1
-    python -m mcr.explain --tuning t.yaml --world-size 8 --nodes 2 --ops all_reduce --dtype bfloat16
-    python -m mcr.explain --tuning t.yaml --sizes 4,64K,16M --check   # exit 1 if the table has a problem
+    python -m mcr.tools.explain --tuning configs/tuning/vm-n2.yaml --world-size 2 --nodes 1
+    python -m mcr.tools.explain --tuning t.yaml --world-size 8 --nodes 2 --ops all_reduce --dtype bfloat16
+    python -m mcr.tools.explain --tuning t.yaml --sizes 4,64K,16M --check   # exit 1 if the table has a problem
 
 For each op and message size (powers of 4 from 4 B to 64 MiB and the table's own boundaries, or
 --sizes) it prints the route the runtime would take for the world group of --world-size ranks
@@ -31,13 +31,13 @@ import sys
 
 import torch
 
-from . import config as mcr_config
-from .backends.base import Backend
-from .choose import Call, Policy, entry_text, select_backend, table_rule
-from .ops import OP_FAMILIES
-from .topology import Shape
-from .tuning.candidates import parse_bytes, short_bytes
-from .tuning.table import TuningTable, TuningTableError
+from .. import config as mcr_config
+from ..backends.base import Backend
+from ..choose import Call, Policy, entry_text, select_backend, table_rule
+from ..ops import OP_FAMILIES
+from ..topology import Shape
+from ..tuning.candidates import parse_bytes, short_bytes
+from ..tuning.table import TuningTable, TuningTableError
 
 REDUCING = ("all_reduce", "reduce", "reduce_scatter")
 DEFAULT_SIZES = [4**k for k in range(1, 14)]  # 4 B .. 64 MiB
@@ -195,7 +195,7 @@ def render(rows, header=("op", "dtype", "size", "backend", "chunk", "rule")) -> 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m mcr.explain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m mcr.tools.explain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--tuning", help="the tuning table (default: MCR_TUNING_FILE)")
     parser.add_argument("--world-size", type=int, help="ranks in the job (default: the table's)")
@@ -234,7 +234,7 @@ def main(argv=None) -> int:
 
     predicted = table is not None and args.predict and table.fingerprint.get("world_size") not in (None, shape.ranks)
     if table is not None and args.predict:
-        from .tuning.model import predict_table  # as Runtime._fit_table does with tuning_predict
+        from ..tuning.model import predict_table  # as Runtime._fit_table does with tuning_predict
 
         table = predict_table(table, shape.ranks, shape.per_node, nodes=shape.nodes)
     # with --predict the job uses the table reshaped, and nothing checks its shape: its gaps count

@@ -1,6 +1,6 @@
 """Micro-benchmarks in the style of OSU and nccl-tests.
 
-    python -m launch.local -n 2 -m mcr.bench [--ops all_reduce,all_to_all] [--max-bytes 64M]
+    python -m launch.local -n 2 -m mcr.tools.bench [--ops all_reduce,all_to_all] [--max-bytes 64M]
 
 For each op and message size: latency (µs) and bus bandwidth (GB/s) on every available
 backend and on the runtime's own choice ("auto", with the backend it picked and its distance
@@ -16,11 +16,11 @@ import sys
 
 import torch
 
-from . import api
-from .commlog import human_bytes
-from .measure import MEASURABLE_OPS, compare, time_call
-from .ops import bus_factor
-from .tuning.candidates import short_bytes
+from .. import api
+from ..commlog import human_bytes
+from ..measure import MEASURABLE_OPS, compare, time_call
+from ..ops import bus_factor
+from ..tuning.candidates import short_bytes
 
 DEFAULT_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 
@@ -103,7 +103,7 @@ def overhead(iters=20000, rounds=3):
     chosen, _ = rt.choose("all_reduce", 4, rt.world, torch.float32, "cpu")
     auto = float("inf")
     # The machine may be shared: each row keeps its best of `rounds` runs, the library and the
-    # runtime timed side by side in each round (as mcr.hooks.bench does).
+    # runtime timed side by side in each round (as mcr.tools.bench_hooks does).
     for _ in range(rounds):
         for name, call in direct.items():
             n_iters = iters if name == "mpi" else iters // 20
