@@ -17,7 +17,7 @@ import os
 import subprocess
 import time
 
-from launch.cli import add_job_options, check_app, new_job_dir, parse_nodes, split_argv
+from launch.options import add_job_options, check_app, new_job_dir, parse_nodes, split_argv
 from launch.scripts import SCHEDULER_LOG, Job, write_script
 from launch.submit import cancel_command, submit, wait
 from launch.systems import LaunchError, load_system, parse_time

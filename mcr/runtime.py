@@ -60,6 +60,8 @@ from .mpi_driver import MPIDriver
 from .progress import ProgressThread
 from .topology import Topology
 from .tuning.candidates import label
+from .tuning.model import predict_table
+from .tuning.online import OnlineTuner
 from .tuning.table import Choice, TuningTable
 from .watchdog import Watchdog
 
@@ -289,16 +291,12 @@ class Runtime:
             return None
         shape = self.shape
         if cfg.tuning_predict:  # another scale or machine: this job's group size through the model
-            from .tuning.model import predict_table
-
             return predict_table(table, shape.ranks, shape.per_node, nodes=shape.nodes)
         table.check_fits(shape.ranks, ranks_per_node=shape.per_node, nodes=shape.nodes)
         return table
 
     def _online_tuner(self, cfg):
         """`tuning: auto`: learn per (op, size bucket) on first use; `tuning_save` keeps it."""
-        from .tuning.online import OnlineTuner
-
         return OnlineTuner(self, BUILTIN_ORDER["cpu"], save_path=cfg.tuning_save)
 
     def new_group(self, ranks) -> Group:

@@ -51,7 +51,7 @@ def sweep(ops, backends, sizes, dtype, iters=None, rounds=3):
         for size in sizes:
             row = {"op": op}
             timed = [(None if name == "auto" else name, 0) for name in backends]
-            seconds, actual = compare(op, size, timed, dtype, iters=iters, rounds=rounds)
+            seconds, actual = compare(rt, op, size, timed, dtype, iters=iters, rounds=rounds)
             if rows and rows[-1]["op"] == op and rows[-1]["bytes"] == actual:
                 continue  # rounded up to the same message as the last size (divisible by n)
             row.update(zip(backends, seconds))
@@ -107,11 +107,11 @@ def overhead(iters=20000, rounds=3):
     for _ in range(rounds):
         for name, call in direct.items():
             n_iters = iters if name == "mpi" else iters // 20
-            lib = time_call(call, n_iters, warmup=50)
-            via = time_call(lambda name=name: api.all_reduce(x, backend=name), n_iters, warmup=50)
+            lib = time_call(rt, call, n_iters, warmup=50)
+            via = time_call(rt, lambda name=name: api.all_reduce(x, backend=name), n_iters, warmup=50)
             best = rows.get(name, (lib, via))
             rows[name] = (min(lib, best[0]), min(via, best[1]))
-        auto = min(auto, time_call(lambda: api.all_reduce(x), iters if chosen.name == "mpi" else iters // 20, 50))
+        auto = min(auto, time_call(rt, lambda: api.all_reduce(x), iters if chosen.name == "mpi" else iters // 20, 50))
     lines = [
         f"\n# runtime overhead, 4-byte all_reduce (median per call, slowest rank, best of {rounds} rounds)",
         f"{'backend':<10}{'library us':>12}{'mcr us':>10}{'overhead us':>13}",

@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         best = dict.fromkeys(calls, float("inf"))
         for r in range(args.rounds):
             for name in calls if r % 2 == 0 else reversed(list(calls)):
-                best[name] = min(best[name], time_call(calls[name], iters, warmup=3))
+                best[name] = min(best[name], time_call(api.runtime(), calls[name], iters, warmup=3))
         if rt.rank == 0:
             s, lst = best["single"], best["list"]
             print(f"{human_bytes(actual):>9}{s * 1e6:>12.1f}{lst * 1e6:>12.1f}{lst / s:>13.2f}", flush=True)

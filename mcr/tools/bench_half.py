@@ -76,7 +76,7 @@ def main(argv=None) -> int:
         best = dict.fromkeys(names, float("inf"))
         for r in range(args.rounds):
             for name in names if r % 2 == 0 else reversed(names):
-                best[name] = min(best[name], time_call(ways[name], iters, warmup=3))
+                best[name] = min(best[name], time_call(api.runtime(), ways[name], iters, warmup=3))
         line = f"{human_bytes(numel * 2):>9}" + "".join(f"{best[n] * 1e6:>12.1f}" for n in names)
         if rt.rank == 0:
             print(line + f"{best['mpi'] / best['gloo']:>10.2f}{best['op16'] / best['upcast']:>13.2f}", flush=True)

@@ -51,7 +51,7 @@ def measure(iters: int) -> list:
         ("dist.all_reduce", lambda: dist.all_reduce(x)),
         ("functional (C++ caller)", lambda: wait_tensor(functional_all_reduce(x, "sum", pg.group_name))),
     ]
-    return [(label, time_call(call, n, warmup=50)) for label, call in calls]
+    return [(label, time_call(api.runtime(), call, n, warmup=50)) for label, call in calls]
 
 
 def format_rows(rows) -> str:

@@ -94,7 +94,7 @@ def main(argv=None) -> int:
         best = dict.fromkeys(calls, float("inf"))
         for r in range(args.rounds):
             for name in calls if r % 2 == 0 else reversed(list(calls)):
-                best[name] = min(best[name], time_call(calls[name], args.iters, warmup=2))
+                best[name] = min(best[name], time_call(api.runtime(), calls[name], args.iters, warmup=2))
         if rt.rank == 0:
             print(f"\n# all_reduce of {human_bytes(nbytes)} float32, {rt.world_size} ranks {mca or '(MCA defaults)'}")
             print(f"{'way':<16}{'ms':>9}{'x floor':>9}{'vs raw-mpi':>12}\n" + "-" * 46)

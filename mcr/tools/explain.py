@@ -37,6 +37,7 @@ from ..choose import Call, Policy, entry_text, select_backend, table_rule
 from ..ops import OP_FAMILIES
 from ..topology import Shape
 from ..tuning.candidates import parse_bytes, short_bytes
+from ..tuning.model import predict_table  # as Runtime._fit_table does with tuning_predict
 from ..tuning.table import TuningTable, TuningTableError
 
 REDUCING = ("all_reduce", "reduce", "reduce_scatter")
@@ -234,8 +235,6 @@ def main(argv=None) -> int:
 
     predicted = table is not None and args.predict and table.fingerprint.get("world_size") not in (None, shape.ranks)
     if table is not None and args.predict:
-        from ..tuning.model import predict_table  # as Runtime._fit_table does with tuning_predict
-
         table = predict_table(table, shape.ranks, shape.per_node, nodes=shape.nodes)
     # with --predict the job uses the table reshaped, and nothing checks its shape: its gaps count
     found = problems(table, ops, dtypes, shape, args.hostname, not args.predict) if table is not None else []

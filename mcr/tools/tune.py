@@ -63,7 +63,9 @@ def model_sizes(path: str) -> dict:
 def measure_point(op, size, choices, dtype, group, iters, warmup, rounds):
     """(actual bytes, {label: µs or None}) for every candidate at one requested size."""
     live = [c for c in choices if cands.applies(c, size)]
-    seconds, actual = compare(op, size, [(c.backend, c.chunk_bytes) for c in live], dtype, group, iters, warmup, rounds)
+    seconds, actual = compare(
+        api.runtime(), op, size, [(c.backend, c.chunk_bytes) for c in live], dtype, group, iters, warmup, rounds
+    )
     row = {cands.label(c): None for c in choices}
     row.update({cands.label(c): round(t * 1e6, 3) for c, t in zip(live, seconds)})
     return actual, row
