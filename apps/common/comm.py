@@ -17,12 +17,10 @@ from typing import Any, Optional
 
 from .config import ConfigError
 
-BACKENDS = ("auto", "gloo", "mpi", "nccl")
-
 
 @dataclass
 class CommConfig:
-    backend: Any = "auto"  # auto | gloo | mpi | nccl | {op family: backend, default: backend}
+    backend: Any = "auto"  # auto | a backend (gloo, mpi, nccl: mcr.backends) | {op family: backend, default: backend}
     tuning: Optional[str] = None  # tuning table from `python -m mcr.tools.tune`, or auto
     log: bool = True  # keep per-(op, backend, size) timings; the table is printed at the end
 
@@ -33,27 +31,34 @@ def op_families() -> tuple:
     return OP_FAMILIES
 
 
+def backend_choices() -> tuple:
+    """auto, or one of the backends mcr registers (mcr.backends)."""
+    from mcr.backends import names
+
+    return ("auto", *names())
+
+
 def check_comm(comm, key: str = "comm") -> None:
     """Raise ConfigError, naming the key and the valid choices, for a bad comm section."""
-    backend = comm.backend
+    backend, choices = comm.backend, backend_choices()
     if isinstance(backend, str):
-        if backend not in BACKENDS:
+        if backend not in choices:
             raise ConfigError(
                 f"bad value {backend!r} for config key '{key}.backend'; choose one of "
-                f"{', '.join(BACKENDS)}, or a map {{op family: backend}}"
+                f"{', '.join(choices)}, or a map {{op family: backend}}"
             )
     elif hasattr(backend, "items"):
         families = op_families() + ("default",)
         for op, name in backend.items():
             if op not in families:
                 raise ConfigError(f"unknown op {op!r} in config key '{key}.backend'; choose from {', '.join(families)}")
-            if name not in BACKENDS:
+            if name not in choices:
                 raise ConfigError(
-                    f"bad value {name!r} for config key '{key}.backend.{op}'; choose one of {', '.join(BACKENDS)}"
+                    f"bad value {name!r} for config key '{key}.backend.{op}'; choose one of {', '.join(choices)}"
                 )
     else:
         raise ConfigError(
-            f"bad value {backend!r} for config key '{key}.backend'; choose one of {', '.join(BACKENDS)} or a map"
+            f"bad value {backend!r} for config key '{key}.backend'; choose one of {', '.join(choices)} or a map"
         )
     if comm.tuning not in (None, "auto") and not os.path.isfile(comm.tuning):
         raise ConfigError(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.util
 import os
 
 import torch
@@ -143,6 +144,17 @@ def _is_cuda(a) -> bool:
 class MPIBackend(Backend):
     name = "mpi"
     progresses_alone = False  # Isend/Iallreduce/... advance only inside MPI calls
+    needs_store = False
+
+    @classmethod
+    def start(cls, info, store, timeout_s):
+        return cls(info)  # MPI has no op timeout: the watchdog stands in
+
+    @classmethod
+    def expected_devices(cls, gpu):
+        if importlib.util.find_spec("mpi4py") is None:
+            raise BackendUnavailable("mpi4py is not installed")
+        return frozenset({"cpu", "cuda"} if gpu else {"cpu"})
 
     def __init__(self, launch_info):
         MPI = self.MPI = _load_mpi(launch_info)

@@ -26,13 +26,13 @@ reductions on GPU); a backend is taken to run every op on its devices.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 
 import torch
 
 from .. import config as mcr_config
-from ..backends.base import Backend
+from ..backends import REGISTRY
+from ..backends.base import Backend, BackendUnavailable
 from ..choose import Call, Policy, entry_text, select_backend, table_rule
 from ..ops import OP_FAMILIES
 from ..topology import Shape
@@ -56,13 +56,10 @@ def available_backends(names, device: str):
     gpu = torch.cuda.is_available() or device == "cuda"
     have, missing = {}, {}
     for name in names:
-        if name == "mpi" and importlib.util.find_spec("mpi4py") is None:
-            missing[name] = "mpi4py is not installed"
-        elif name == "nccl" and not gpu:
-            missing[name] = "no GPU (torch.cuda.is_available() is False)"
-        else:
-            devices = {"mpi": ("cpu", "cuda") if gpu else ("cpu",), "gloo": ("cpu",), "nccl": ("cuda",)}[name]
-            have[name] = Declared(name, devices)
+        try:
+            have[name] = Declared(name, REGISTRY[name].cls.expected_devices(gpu))
+        except BackendUnavailable as exc:
+            missing[name] = str(exc)
     return have, missing
 
 
@@ -220,7 +217,10 @@ def main(argv=None) -> int:
     world_size = args.world_size or fp.get("world_size") or 2
     shape = job_shape(world_size, args.nodes or fp.get("nodes") or 1)
     device = args.device or (table.device if table is not None else "cpu")
-    names = [n.strip() for n in (args.backends or cfg.backends).split(",") if n.strip()]
+    names = [n.strip() for n in args.backends.split(",") if n.strip()] if args.backends else cfg.backend_names()
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown:
+        parser.error(f"unknown backend {', '.join(unknown)}; choose from {', '.join(REGISTRY)}")
     backends, unavailable = available_backends(names, device)
     dtypes = [d.strip() for d in args.dtype.split(",")]
     in_table = list(dict.fromkeys(e.op for e in table.entries)) if table is not None else []

@@ -24,8 +24,8 @@ import time
 import torch
 
 from .. import api
+from ..backends import builtin_order
 from ..measure import MEASURABLE_OPS, compare
-from ..runtime import BUILTIN_ORDER
 from ..tuning import candidates as cands
 from ..tuning.fingerprint import fingerprint
 from ..tuning.model import fits_for, predict_table
@@ -208,8 +208,8 @@ def main(argv=None) -> int:
     for name in backends:
         if name not in rt.backends:
             parser.error(f"backend {name!r} is unavailable here: {rt.unavailable.get(name, 'unknown backend')}")
-    preferred = [b for b in BUILTIN_ORDER["cpu"] if b in backends] + [
-        b for b in backends if b not in BUILTIN_ORDER["cpu"]
+    preferred = [b for b in builtin_order("cpu") if b in backends] + [
+        b for b in backends if b not in builtin_order("cpu")
     ]
     chunks = [cands.parse_bytes(c) for c in args.chunks.split(",") if c.strip()]
     group_sizes = [int(g) for g in args.group_sizes.split(",")] if args.group_sizes else [world]
