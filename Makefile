@@ -34,7 +34,7 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 bench: setup
-	$(PY) -m launch.local -n 2 -m mcr.bench
+	$(PY) -m launch.local -n 2 -m mcr.tools.bench
 
 APP ?= moe
 compare: setup  # `make compare APP=dense|dlrm` for the other trainers
@@ -53,7 +53,7 @@ conformance: setup
 	done; $(PY) -m tests.conformance.summary runs/conformance/spawn-*.xml; exit $${status:-0}
 
 tune: setup
-	$(PY) -m launch.local -n 2 -m mcr.tune --out runs/tuning/table.yaml
+	$(PY) -m launch.local -n 2 -m mcr.tools.tune --out runs/tuning/table.yaml
 
 # The real single-node SLURM that tests/launch starts (Debian packages; run as root, as CI does),
 # shellcheck for the job scripts, and the libpmix.so link srun's pmix plugin dlopens.

@@ -2,6 +2,7 @@
 
 Modules, one job each: ``models`` (layer stacks), ``profile`` (per-layer measurement),
 ``cluster`` (devices and links), ``explore`` (cost model and partition search),
-``simulate`` (event-level schedule simulation and timeline), ``pipeline_run`` (a real DeepSpeed
-pipeline), ``report`` (study tables), ``__main__`` (the command line).
+``simulate`` (event-level schedule simulation and timeline), ``planned_pipeline`` (a DeepSpeed
+``PipelineModule`` cut at a plan's boundaries), ``pipeline_run`` (a real DeepSpeed pipeline,
+timed), ``report`` (study tables), ``__main__`` (the command line).
 """

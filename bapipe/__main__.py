@@ -56,7 +56,7 @@ def describe(plan, sim=None):
     elif plan.schedule != "data-parallel":
         lines.append(
             f"  DeepSpeed: PipelineModule parts {plan.deepspeed_parts} "
-            f"(bapipe.pipeline_run.planned_pipeline_module(layers, {plan.deepspeed_parts}, ...))"
+            f"(bapipe.planned_pipeline.planned_pipeline_module(layers, {plan.deepspeed_parts}, ...))"
         )
     return "\n".join(lines)
 

@@ -156,7 +156,7 @@ def fit_link(points):
 
 
 def link_from_tuning_table(path, op="all_reduce"):
-    """Fit a link to the chosen backend's latencies in mcr's tuning table (``python -m mcr.tune``).
+    """Fit a link to the chosen backend's latencies in mcr's tuning table (``python -m mcr.tools.tune``).
 
     Each entry's ``latency_us`` was measured at ``latency_at_bytes`` (older tables: taken as the
     geometric middle of [min_bytes, max_bytes)). An all-reduce row over a group of g ranks is
@@ -165,7 +165,7 @@ def link_from_tuning_table(path, op="all_reduce"):
         with open(path) as f:
             table = yaml.safe_load(f)
     except OSError as err:
-        raise ValueError(f"cannot read tuning table {path}: {err}; write one with `python -m mcr.tune`") from err
+        raise ValueError(f"cannot read tuning table {path}: {err}; write one with `python -m mcr.tools.tune`") from err
     if not isinstance(table, dict) or table.get("format") != "mcr-tuning-table":
         raise ValueError(f"{path} is not an mcr tuning table (no 'format: mcr-tuning-table')")
     rows = [e for e in table.get("entries", []) if e.get("op") == op and e.get("backend") in e.get("latency_us", {})]

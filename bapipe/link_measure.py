@@ -2,7 +2,7 @@
 fit latency + bytes/bandwidth, for the ``link`` entry of a cluster file describing this machine.
 
 The timing is the runtime's own (`mcr.measure.time_op("send_recv")`: half a ping-pong, the
-slower rank's median), so bapipe and `mcr.tune` measure a link the same way."""
+slower rank's median), so bapipe and `mcr.tools.tune` measure a link the same way."""
 
 import os
 
@@ -24,7 +24,9 @@ def _ping_pong(rank, port, repeats, queue):
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     mcr.init(backends="gloo")
-    points = [(size, time_op("send_recv", size, backend="gloo", iters=repeats, warmup=2)[0]) for size in SIZES]
+    points = [
+        (size, time_op(mcr.runtime(), "send_recv", size, backend="gloo", iters=repeats, warmup=2)[0]) for size in SIZES
+    ]
     if rank == 0:
         queue.put(points)
     mcr.finalize()

@@ -1,14 +1,21 @@
 """Run a real DeepSpeed pipeline (``PipelineModule``, 1F1B) on CPU processes and time it.
 
-``run_partitions`` starts one process per stage on loopback (gloo, ``DS_ACCELERATOR=cpu``,
-one thread each), and in those processes trains the GPT-like stack once per requested
-partition, so the planner's partition and DeepSpeed's own methods meet the same conditions.
+``run_partitions`` starts one process per stage with the repository's local launcher
+(``python -m launch.local --launcher torchrun``: gloo on loopback, ``DS_ACCELERATOR=cpu``, one
+thread each), and in those processes trains the GPT-like stack once per requested partition,
+so the planner's partition and DeepSpeed's own methods meet the same conditions. The processes
+run this module, from the checkout (launch/ is not installed):
+
+    python -m launch.local -n 2 --launcher torchrun -m bapipe.pipeline_run --partitions 'planned;uniform' \
+        --microbatches 8 --micro-batch 4 --out result.json --plan-cluster configs/bapipe/cpu-2proc.yaml \
+        --profile-out gpt.json
 """
 
 import argparse
 import itertools
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -16,34 +23,9 @@ import tempfile
 import time
 
 from .models import build
+from .planned_pipeline import planned_pipeline_module
 
-
-def planned_pipeline_module(layers, parts, **kwargs):
-    """A ``PipelineModule`` split at explicit boundaries: ``parts`` is DeepSpeed's own
-    ``parts`` list (first layer of every stage, then the number of layers), or one of its
-    ``partition_method`` names ('uniform', 'parameters', 'type:...')."""
-    from deepspeed.pipe import PipelineModule
-
-    class PlannedPipelineModule(PipelineModule):
-        # DeepSpeed takes only method names; this hook lets it take the planner's boundaries
-        def _partition_layers(self, method="uniform"):
-            if not isinstance(method, (list, tuple)):
-                return super()._partition_layers(method)
-            if (
-                len(method) != self.num_stages + 1
-                or method[0] != 0
-                or method[-1] != len(self._layer_specs)
-                or any(a >= b for a, b in zip(method, method[1:]))
-            ):
-                raise ValueError(
-                    f"parts {method} must rise from 0 to {len(self._layer_specs)} "
-                    f"with {self.num_stages} non-empty stages"
-                )
-            self.parts = list(method)
-            stage_id = self._topo.get_coord(self.global_rank).pipe
-            self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1])
-
-    return PlannedPipelineModule(layers=layers, partition_method=parts, **kwargs)
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _profile_and_plan(args, dist):
@@ -163,68 +145,26 @@ def run_partitions(
     if "planned" in partitions and not (plan_cluster and profile_out):
         raise ValueError("a 'planned' partition needs plan_cluster and profile_out")
     specs = [",".join(map(str, p)) if isinstance(p, (list, tuple)) else p for p in partitions]
-    from mcr.env import free_port
-
-    port = free_port()
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "result.json")
-        procs = []
-        for rank in range(stages):
-            env = dict(
-                os.environ,
-                DS_ACCELERATOR="cpu",
-                RANK=str(rank),
-                LOCAL_RANK=str(rank),
-                WORLD_SIZE=str(stages),
-                LOCAL_WORLD_SIZE=str(stages),
-                MASTER_ADDR="127.0.0.1",
-                MASTER_PORT=str(port),
-                OMP_NUM_THREADS="1",
-            )
-            cmd = [
-                sys.executable,
-                "-m",
-                "bapipe.pipeline_run",
-                "--partitions",
-                ";".join(specs),
-                "--microbatches",
-                str(microbatches),
-                "--micro-batch",
-                str(micro_batch),
-                "--iters",
-                str(iters),
-                "--warmup",
-                str(warmup),
-                "--out",
-                out,
-                "--model-kwargs",
-                json.dumps(model_kwargs or {}),
-                "--plan-cluster",
-                str(plan_cluster),
-                "--profile-out",
-                str(profile_out),
-            ]
-            procs.append(
-                subprocess.Popen(
-                    cmd,
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                    cwd=os.path.dirname(os.path.dirname(__file__)),
-                )
-            )
-        logs = []
+        job = ["-m", "bapipe.pipeline_run", "--partitions", ";".join(specs), "--out", out]
+        job += ["--microbatches", str(microbatches), "--micro-batch", str(micro_batch)]
+        job += ["--iters", str(iters), "--warmup", str(warmup), "--model-kwargs", json.dumps(model_kwargs or {})]
+        job += ["--plan-cluster", str(plan_cluster), "--profile-out", str(profile_out)]
+        cmd = [sys.executable, "-m", "launch.local", "-n", str(stages), "--launcher", "torchrun", *job]
+        env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
+        # a session of its own: on a timeout the launcher and every rank it started go together
+        proc = subprocess.Popen(
+            cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
         try:
-            for proc in procs:
-                logs.append(proc.communicate(timeout=timeout_s)[0])
-        finally:
-            for proc in procs:
-                if proc.poll() is None:
-                    proc.kill()
-        if any(p.returncode for p in procs) or not os.path.exists(out):
-            tail = "\n".join(log[-3000:] for log in logs)
-            raise RuntimeError(f"the DeepSpeed pipeline failed (exit codes {[p.returncode for p in procs]}):\n{tail}")
+            log = proc.communicate(timeout=timeout_s)[0]
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            log = proc.communicate()[0]
+            raise RuntimeError(f"the DeepSpeed pipeline did not finish in {timeout_s} s:\n{log[-6000:]}") from None
+        if proc.returncode or not os.path.exists(out):
+            raise RuntimeError(f"the DeepSpeed pipeline failed (exit code {proc.returncode}):\n{log[-6000:]}")
         with open(out) as f:
             return json.load(f)
 

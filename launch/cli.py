@@ -10,7 +10,7 @@ qsub) unless --dry-run, and prints the job id and where the log and the run dir 
 summary.json) land; `script` only writes it. `--resume RUN_DIR` continues a run that ended early
 (a killed or timed-out job) from the last checkpoint its `latest` names, in that run dir, with
 `resume=true`, and with the settings saved in it unless trainer args are given. `sweep`: see
-launch/sweep.py.
+launch/sweep.py; the options both take are in launch/options.py.
 """
 
 from __future__ import annotations
@@ -20,60 +20,11 @@ import os
 import sys
 import time
 
+from launch.options import add_job_options, check_app, new_job_dir, parse_nodes, shown, split_argv
 from launch.scripts import SCHEDULER_LOG, Job, write_script
 from launch.submit import SubmitError, submit
-from launch.systems import REPO, LaunchError, load_system, parse_time
-
-RUNS = os.path.join(REPO, "runs")
-
-
-def app_names() -> list[str]:
-    apps = os.path.join(REPO, "apps")
-    return sorted(d for d in os.listdir(apps) if os.path.isfile(os.path.join(apps, d, "__main__.py")))
-
-
-def check_app(app: str) -> str:
-    if app not in app_names():
-        raise LaunchError(f"unknown app {app!r}; choose one of {', '.join(app_names())} (runs python -m apps.<app>)")
-    return app
-
-
-def shown(path: str) -> str:
-    """A path as the user would type it from here: relative when below the current directory."""
-    rel = os.path.relpath(path)
-    return path if rel.startswith("..") else rel
-
-
-def new_job_dir(parent: str, name: str) -> str:
-    """A fresh directory: a second job never writes over the first."""
-    os.makedirs(parent, exist_ok=True)
-    for n in range(1, 1000):
-        path = os.path.join(parent, name if n == 1 else f"{name}-{n}")
-        try:
-            os.mkdir(path)
-            return path
-        except FileExistsError:
-            continue
-    raise LaunchError(f"no free job directory name under {parent}")
-
-
-def add_job_options(parser: argparse.ArgumentParser, nodes_help: str) -> None:
-    parser.add_argument("--system", required=True, help="a name in configs/systems/ or a YAML path")
-    parser.add_argument("--nodes", required=True, help=nodes_help)
-    parser.add_argument("--time", default="0:30:00", help="wall time, h:mm:ss (default 0:30:00)")
-    parser.add_argument("--account", help="account / bank / project to charge (overrides the system file)")
-    parser.add_argument("--queue", help="partition / queue (overrides the system file)")
-    parser.add_argument("--out", default=RUNS, help="where job directories go (default runs/)")
-
-
-def parse_nodes(text: str) -> list[int]:
-    try:
-        nodes = [int(n) for n in text.split(",")]
-    except ValueError:
-        raise LaunchError(f"--nodes: bad value {text!r}; give a count, or counts like 1,2,4 for a sweep") from None
-    if not nodes or min(nodes) < 1:
-        raise LaunchError(f"--nodes: bad value {text!r}; node counts are >= 1")
-    return nodes
+from launch.sweep import sweep_main
+from launch.systems import LaunchError, load_system, parse_time
 
 
 def check_resume_dir(path: str, app: str) -> str:
@@ -86,13 +37,6 @@ def check_resume_dir(path: str, app: str) -> str:
     if not os.path.isfile(os.path.join(path, "checkpoints", "latest")):
         raise LaunchError(f"--resume {path}: no checkpoints/latest there, so nothing to resume; submit a new run")
     return path
-
-
-def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
-    if "--" in argv:
-        i = argv.index("--")
-        return argv[:i], argv[i + 1 :]
-    return argv, []
 
 
 def submit_main(command: str, argv: list[str]) -> int:
@@ -149,8 +93,6 @@ def main(argv=None) -> int:
         return 2
     try:
         if argv[0] == "sweep":
-            from launch.sweep import sweep_main  # it imports this module's helpers
-
             return sweep_main(argv[1:])
         return submit_main(argv[0], argv[1:])
     except (LaunchError, SubmitError) as exc:

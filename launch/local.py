@@ -1,4 +1,4 @@
-"""Start N local ranks of a Python module or script: `python -m launch.local -n 2 -m mcr.bench`.
+"""Start N local ranks of a Python module or script: `python -m launch.local -n 2 -m mcr.tools.bench`.
 
 Uses `mpiexec` from the environment when present (so the MPI backend is available), with the
 flags this machine needs: root is allowed, ranks may outnumber cores. `--launcher torchrun`

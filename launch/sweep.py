@@ -17,13 +17,27 @@ import os
 import subprocess
 import time
 
-from launch.cli import add_job_options, check_app, new_job_dir, parse_nodes, split_argv
+from launch.options import add_job_options, check_app, new_job_dir, parse_nodes, split_argv
 from launch.scripts import SCHEDULER_LOG, Job, write_script
 from launch.submit import cancel_command, submit, wait
 from launch.systems import LaunchError, load_system, parse_time
 
-BACKENDS = ("gloo", "mpi", "nccl", "auto")
-SINGLE = ("gloo", "mpi", "nccl")  # the gains compare every row with these
+
+def single_backends(backends) -> list:
+    """The rows' single backends (all but auto), in the order given: the gains compare every row with these."""
+    return [b for b in dict.fromkeys(backends) if b != "auto"]
+
+
+def check_backends(backends: list) -> list:
+    """Each is auto or a backend mcr registers (mcr.backends). Imported here only: the rest of
+    launch/ stays free of torch, and the machine that submits has mcr installed for the jobs."""
+    from mcr.backends import names
+
+    choices = ("auto", *names())
+    bad = [b for b in backends if b not in choices]
+    if bad:
+        raise LaunchError(f"--backends: unknown {', '.join(bad)}; choose from {', '.join(choices)}")
+    return backends
 
 
 def throughput_key(rows: list[dict]) -> str:
@@ -36,7 +50,7 @@ def table(rows: list[dict]) -> str:
     """rows: {nodes, ranks, backend, summary or None, ...}, in submission order."""
     key = throughput_key(rows)
     ok = {(r["nodes"], r["backend"]): r["summary"] for r in rows if r["summary"]}
-    singles = [b for b in SINGLE if any(k[1] == b for k in ok)]
+    singles = single_backends(b for _, b in ok)
     header = f"{'nodes':>5}{'ranks':>6}  {'backend':<8}{key.replace('_per_s', '/s'):>12}{'step ms':>9}{'comm ms':>9}"
     header += "".join(f"{'vs ' + b:>9}" for b in singles)
     lines = [header, "-" * len(header)]
@@ -64,7 +78,7 @@ def plot(rows: list[dict], title: str, path: str) -> None:
     key = throughput_key(rows)
     ok = {(r["nodes"], r["backend"]): r["summary"][key] for r in rows if r["summary"]}
     backends = list(dict.fromkeys(r["backend"] for r in rows))
-    singles = [b for b in SINGLE if b in backends]
+    singles = single_backends(backends)
     fig, axes = plt.subplots(1, 1 + len(singles), figsize=(5 * (1 + len(singles)), 4), squeeze=False)
     for b in backends:
         points = sorted((n, tps) for (n, bb), tps in ok.items() if bb == b)
@@ -96,14 +110,15 @@ def sweep_main(argv: list[str]) -> int:
     )
     add_job_options(parser, "node counts, e.g. 1,2,4")
     parser.add_argument("--app", required=True, help="a trainer in apps/ (moe, dense, dlrm)")
-    parser.add_argument("--backends", default="gloo,mpi,auto", help="comm.backend of each job: gloo, mpi, nccl, auto")
+    parser.add_argument(
+        "--backends",
+        default="gloo,mpi,auto",
+        help="comm.backend of each job: auto or a backend (gloo, mpi, nccl: mcr.backends)",
+    )
     parser.add_argument("--deadline", default="1:00:00", help="stop waiting after this long, h:mm:ss")
     args = parser.parse_args(own)
     nodes = parse_nodes(args.nodes)
-    backends = args.backends.split(",")
-    bad = [b for b in backends if b not in BACKENDS]
-    if bad:
-        raise LaunchError(f"--backends: unknown {', '.join(bad)}; choose from {', '.join(BACKENDS)}")
+    backends = check_backends(args.backends.split(","))
     app = check_app(args.app)
     system = load_system(args.system, account=args.account, queue=args.queue)
     seconds, deadline = parse_time(args.time), parse_time(args.deadline)

@@ -42,5 +42,4 @@ from .handle import Handle
 from .hooks import torch_backend as _torch_backend  # registers the torch.distributed backend "mcr"
 from .ops import ReduceOp
 from .runtime import CommError
-
-__version__ = "0.1.0"
+from .version import __version__

@@ -1,6 +1,6 @@
 """The backend choice as a pure function: a call's description in, a backend, chunk size and
 the rule that decided out. `Runtime._decide` runs it for every new kind of call, and
-`python -m mcr.explain` runs it for calls it only imagines, so both say the same thing.
+`python -m mcr.tools.explain` runs it for calls it only imagines, so both say the same thing.
 
 The order (README, "How the backend is chosen"): `backend=` on the call, force_backend(), a
 per-op override, the tuning table, the configured default, the built-in order. Then the choice
@@ -14,14 +14,12 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Mapping
 from typing import NamedTuple
 
+from . import backends as registry
 from . import node_aware
+from .backends import builtin_order
 from .ops import dtype_name
 from .tuning.candidates import NODE_PREFIX, is_node_aware, label, parse_label, short_bytes
 from .tuning.table import Choice, TuningTable
-
-# Built-in preference when neither an override, a table nor a default backend decides:
-# measured on CPU, MPI beats gloo at every size; on GPU nccl is the reference.
-BUILTIN_ORDER = {"cpu": ("mpi", "gloo"), "cuda": ("nccl", "mpi", "gloo")}
 
 
 class Call(NamedTuple):
@@ -122,7 +120,7 @@ def select_backend(
             name, why = policy.default, "the default backend"
             require(name, family, why, backends, unavailable)
         else:
-            order = BUILTIN_ORDER[call.device_type]
+            order = builtin_order(call.device_type)
             name = next((n for n in order if n in backends), order[-1])
             why = "the built-in order"
     if is_node_aware(name):
@@ -143,7 +141,9 @@ def require(name: str, family: str, why: str, backends, unavailable) -> None:
     names = (lambda c: [c.backend, c.inter])(parse_label(name)) if is_node_aware(name) else [name]
     for part in names:
         if part not in backends:
-            reason = unavailable.get(part, "unknown backend; choose one of mpi, gloo, nccl, or node:INTRA+INTER")
+            reason = unavailable.get(
+                part, f"unknown backend; choose one of {', '.join(registry.names())}, or node:INTRA+INTER"
+            )
             raise ValueError(f"mcr.{family}: backend {part!r} ({why}) is unavailable: {reason}")
 
 
@@ -181,7 +181,7 @@ def _node_plan(call, backends, unavailable, intra, inter, why) -> Selection:
 def _fallback(call, backends, unavailable, name, why) -> tuple:
     """The first backend of the built-in order that can run the call, and the note saying so."""
     family, dtype, reduce_op, device_type = call.family, call.dtype, call.reduce_op, call.device_type
-    for candidate in BUILTIN_ORDER[device_type]:
+    for candidate in builtin_order(device_type):
         if _runs(backends, candidate, call):
             if name not in backends:
                 problem = f"is unavailable ({unavailable.get(name, 'unknown backend')})"

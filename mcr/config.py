@@ -12,10 +12,9 @@ from typing import Dict, Optional
 
 from omegaconf import OmegaConf
 
+from . import backends as registry
 from .ops import OP_FAMILIES
 from .tuning.candidates import NODE_PREFIX, parse_label
-
-KNOWN_BACKENDS = ("mpi", "gloo", "nccl")
 
 
 @dataclass
@@ -23,13 +22,13 @@ class RuntimeConfig:
     # default for every op: auto (tuning table, then built-in order), a backend name or node:INTRA+INTER
     backend: str = "auto"
     overrides: Dict[str, str] = field(default_factory=dict)  # op family -> backend (or node:INTRA+INTER)
-    tuning: Optional[str] = None  # path of a tuning table written by `python -m mcr.tune`, or "auto"
+    tuning: Optional[str] = None  # path of a tuning table written by `python -m mcr.tools.tune`, or "auto"
     tuning_predict: bool = False  # accept a table from another world size through its performance model
     tuning_save: Optional[str] = None  # with tuning: auto, rank 0 writes the learned table here
     comm_log: bool = False  # keep per-(op, backend, size) timings; table printed at finalize()
     comm_log_json: Optional[str] = None  # where finalize() writes the log as JSON
     watchdog_timeout_s: float = 600.0  # a rank stuck this long in one op aborts the job
-    backends: str = ",".join(KNOWN_BACKENDS)  # which backends to start, where available
+    backends: Optional[str] = None  # which backends to start, where available (None: every registered one)
     debug: str = "off"  # detail: before each collective the group's ranks check they make the same call
     progress_thread: bool = True  # a thread completes async ops (and their futures) nobody waits on
     # the flight recorder (`mcr.flight`): the last N ops per rank (0: off), dumped into this
@@ -38,6 +37,12 @@ class RuntimeConfig:
     flight_recorder_dir: Optional[str] = None  # no directory: nothing is written
     flight_recorder_dump_on_finalize: bool = False  # also dump at finalize() (a run that ended well)
     trace_dir: Optional[str] = None  # finalize() writes a timeline of every op here (`mcr.trace`)
+
+    def backend_names(self) -> list:
+        """The backends to start, in the registry's order."""
+        if self.backends is None:
+            return list(registry.names())
+        return [name.strip() for name in self.backends.split(",")]
 
 
 class ConfigError(ValueError):
@@ -54,9 +59,9 @@ def _check_backend(name: str, where: str, node_aware: bool = True) -> str:
         for part in (choice.backend, choice.inter):
             _check_backend(part, f"{name!r} in {where}", node_aware=False)
         return name
-    if name not in KNOWN_BACKENDS:
+    if name not in registry.REGISTRY:
         also = ", or node:INTRA+INTER (e.g. node:mpi+gloo)" if node_aware else ""
-        raise ConfigError(f"unknown backend {name!r} in {where}; choose one of {', '.join(KNOWN_BACKENDS)}{also}")
+        raise ConfigError(f"unknown backend {name!r} in {where}; choose one of {', '.join(registry.names())}{also}")
     return name
 
 
@@ -151,6 +156,6 @@ def load(config=None, env=None, **kwargs) -> RuntimeConfig:
         raise ConfigError(f"bad value {cfg.flight_recorder} for flight_recorder (MCR_FR_SIZE): give 0 (off) or more")
     if cfg.debug not in ("off", "detail"):
         raise ConfigError(f"bad value {cfg.debug!r} for debug (MCR_DEBUG); choose off or detail")
-    for name in cfg.backends.split(","):
-        _check_backend(name.strip(), "backends", node_aware=False)
+    for name in cfg.backend_names():
+        _check_backend(name, "backends", node_aware=False)
     return cfg

@@ -1,6 +1,9 @@
 """Timing one op on one backend at one size, agreed across ranks (the slowest rank counts).
 
-Shared by `mcr.bench` (report) and `mcr.tune` (decide), so both measure the same thing.
+Shared by the online tuner (`tuning: auto`), `mcr.tools.bench` (report) and `mcr.tools.tune`
+(decide), so all measure the same thing. Every function takes the runtime `rt` to measure
+through: this module is part of the runtime (its online tuner calls it) and imports none of
+the front door (`mcr.api`), which would import the runtime back; a tool passes `mcr.runtime()`.
 Message sizes follow nccl-tests: all-gather counts the gathered output, reduce-scatter and
 all-to-all the input, send/recv the message (latency is half a ping-pong, as OSU reports).
 """
@@ -11,8 +14,6 @@ import statistics
 import time
 
 import torch
-
-from . import api
 
 MEASURABLE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send_recv")
 
@@ -29,12 +30,11 @@ def _elements(op, nbytes, element_size, n):
     return count
 
 
-def make_call(op, nbytes, backend=None, dtype=torch.float32, group=None, chunk_bytes=0, rt=None):
+def make_call(rt, op, nbytes, backend=None, dtype=torch.float32, group=None, chunk_bytes=0):
     """Returns (call, actual_nbytes). `call()` runs the op once, blocking, on this rank, through
-    the runtime `rt` (default: the running one) on `backend` (None: the runtime's choice).
+    the runtime `rt` on `backend` (None: the runtime's choice).
     `chunk_bytes` > 0 runs an all-reduce as a train of chunks, as the runtime does for a
     tuning-table entry with that chunk size."""
-    rt = rt or api.runtime()
     g = rt.world if group is None else group
     n = g.size
     count = _elements(op, nbytes, torch.tensor([], dtype=dtype).element_size(), n)
@@ -82,11 +82,10 @@ def make_call(op, nbytes, backend=None, dtype=torch.float32, group=None, chunk_b
     raise ValueError(f"cannot measure op {op!r}; choose one of {', '.join(MEASURABLE_OPS)}")
 
 
-def slowest(value, group=None, backend=None, rt=None):
+def slowest(rt, value, group=None, backend=None):
     """The largest value over the group's ranks, so every rank reports and decides the same.
     `value` may be a list (one all-reduce for all). `backend`: where to agree (None: the
     runtime's choice)."""
-    rt = rt or api.runtime()
     g = rt.world if group is None else group
     many = isinstance(value, (list, tuple))
     t = torch.tensor(list(value) if many else [value], dtype=torch.float64)
@@ -94,9 +93,8 @@ def slowest(value, group=None, backend=None, rt=None):
     return t.tolist() if many else float(t.item())
 
 
-def time_call(call, iters: int, warmup: int = 5, group=None, backend=None, rt=None) -> float:
+def time_call(rt, call, iters: int, warmup: int = 5, group=None, backend=None) -> float:
     """Median seconds per call on this rank, then the slowest rank's median."""
-    rt = rt or api.runtime()
     for _ in range(warmup):
         call()
     nothing = torch.empty(0, dtype=torch.uint8)
@@ -107,20 +105,20 @@ def time_call(call, iters: int, warmup: int = 5, group=None, backend=None, rt=No
         start = clock()
         call()
         samples.append(clock() - start)
-    return slowest(statistics.median(samples), group, backend, rt)
+    return slowest(rt, statistics.median(samples), group, backend)
 
 
-def time_op(op, nbytes, backend=None, dtype=torch.float32, group=None, iters=None, warmup=5, chunk_bytes=0):
+def time_op(rt, op, nbytes, backend=None, dtype=torch.float32, group=None, iters=None, warmup=5, chunk_bytes=0):
     """(seconds per op, actual bytes). send_recv reports half the round trip."""
-    call, actual = make_call(op, nbytes, backend, dtype, group, chunk_bytes)
-    seconds = time_call(call, iters or iterations_for(actual), warmup, group, backend)
+    call, actual = make_call(rt, op, nbytes, backend, dtype, group, chunk_bytes)
+    seconds = time_call(rt, call, iters or iterations_for(actual), warmup, group, backend)
     return (seconds / 2 if op == "send_recv" else seconds), actual
 
 
-def compare(op, nbytes, candidates, dtype=torch.float32, group=None, iters=None, warmup=5, rounds=3, rt=None):
+def compare(rt, op, nbytes, candidates, dtype=torch.float32, group=None, iters=None, warmup=5, rounds=3):
     """Seconds per op for each candidate, a (backend or None for the runtime's own choice,
-    chunk_bytes) pair, and the actual bytes, measured through the runtime `rt` (default: the
-    running one). The candidates are timed in `rounds` interleaved
+    chunk_bytes) pair, and the actual bytes, measured through the runtime `rt`. The candidates
+    are timed in `rounds` interleaved
     rounds, every other one in reverse (A B C, C B A, A B C ...), the iterations split between
     them, and each keeps its fastest round. Load from elsewhere comes in bursts and only ever
     adds time, and a backend can slow the one timed right after it (gloo's threads leave MPI
@@ -133,7 +131,7 @@ def compare(op, nbytes, candidates, dtype=torch.float32, group=None, iters=None,
         order = range(len(candidates)) if r % 2 == 0 else reversed(range(len(candidates)))
         for i in order:
             backend, chunk_bytes = candidates[i]
-            call, actual = make_call(op, nbytes, backend, dtype, group, chunk_bytes, rt)
-            seconds = time_call(call, per_round, warmup if r == 0 else min(warmup, 2), group, backend, rt)
+            call, actual = make_call(rt, op, nbytes, backend, dtype, group, chunk_bytes)
+            seconds = time_call(rt, call, per_round, warmup if r == 0 else min(warmup, 2), group, backend)
             best[i] = min(best[i], seconds / 2 if op == "send_recv" else seconds)
     return best, actual

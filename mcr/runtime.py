@@ -45,12 +45,11 @@ import torch
 import torch.distributed as dist
 
 from . import env as launch_env
-from . import flight, hugepages, netcheck, node_aware
+from . import flight, hugepages, netcheck, node_aware, trace
+from .backends import REGISTRY, builtin_order
 from .backends.base import Backend, BackendUnavailable
-from .backends.mpi import MPIBackend
-from .backends.torch_dist import GlooBackend, NcclBackend
 from .callbacks import CallbackThread
-from .choose import BUILTIN_ORDER, Call, Policy, require, select_backend, table_rule
+from .choose import Call, Policy, require, select_backend, table_rule
 from .commlog import CommLog
 from .config import ConfigError, RuntimeConfig
 from .debug import CallChecker
@@ -63,6 +62,8 @@ from .ops import dtype_name
 from .progress import ProgressThread
 from .topology import Topology
 from .tuning.candidates import label
+from .tuning.model import predict_table
+from .tuning.online import OnlineTuner
 from .tuning.table import Choice, TuningTable
 from .watchdog import Watchdog
 
@@ -114,11 +115,13 @@ class Runtime:
         self.world_size = info.world_size
         self.backends = {}
         self.unavailable = {}  # backend name -> why it cannot run here
-        wanted = [b.strip() for b in cfg.backends.split(",")]
+        wanted = cfg.backend_names()
         netcheck.check_names(os.environ, spans_nodes=info.local_world_size < info.world_size)
         table = self._read_table(cfg)
 
-        mpi = self._try("mpi", wanted, lambda: MPIBackend(info))
+        timeout_s = op_timeout_s or cfg.watchdog_timeout_s
+        self._start_backends(wanted, info, None, timeout_s)  # those with no store: they may give its address
+        mpi = self.backends.get("mpi")
         self.store = store if store is not None else self._make_store(info, mpi, self.unavailable.get("mpi"))
         # every rank's node, once: from the hostnames, whatever the launcher said about local ranks
         hosts = launch_env.hosts_by_rank(self.store, info.rank, info.world_size) if info.world_size > 1 else None
@@ -127,9 +130,7 @@ class Runtime:
         if "gloo" in wanted and self.shape.nodes > 1:  # before gloo connects: a wrong network fails named
             netcheck.check_gloo_reach(self.store, self.topology, info.rank, os.environ)
         table = self._fit_table(table, cfg)  # before gloo starts: a refused table stops every rank alike
-        timeout_s = op_timeout_s or cfg.watchdog_timeout_s
-        self._try("gloo", wanted, lambda: GlooBackend(self.store, info.rank, info.world_size, timeout_s))
-        self._try("nccl", wanted, lambda: NcclBackend(self.store, info.rank, info.world_size, timeout_s))
+        self._start_backends(wanted, info, self.store, timeout_s)
 
         self._next_gid = 0
         # every group this runtime made communicators for: finalize() releases them (the torch
@@ -214,17 +215,19 @@ class Runtime:
             return f"tuning online ({table.path})"
         return f"tuning table {table.path} (measured for {table.shape_text()}; {table.fingerprint_text()})"
 
-    def _try(self, name, wanted, make):
-        if name not in wanted:
-            self.unavailable[name] = "not in the configured backends list"
-            return None
-        try:
-            backend = make()
-        except BackendUnavailable as exc:
-            self.unavailable[name] = str(exc)
-            return None
-        self.backends[name] = backend
-        return backend
+    def _start_backends(self, wanted, info, store, timeout_s):
+        """Start the registered backends (mcr.backends) that need a store, or (store None) those
+        that need none; each is started, or `unavailable` says why not."""
+        for name, entry in REGISTRY.items():
+            if entry.cls.needs_store != (store is not None):
+                continue
+            if name not in wanted:
+                self.unavailable[name] = "not in the configured backends list"
+                continue
+            try:
+                self.backends[name] = entry.cls.start(info, store, timeout_s)
+            except BackendUnavailable as exc:
+                self.unavailable[name] = str(exc)
 
     @staticmethod
     def _make_store(info, mpi, why_no_mpi):
@@ -325,17 +328,13 @@ class Runtime:
             return None
         shape = self.shape
         if cfg.tuning_predict:  # another scale or machine: this job's group size through the model
-            from .tuning.model import predict_table
-
             return predict_table(table, shape.ranks, shape.per_node, nodes=shape.nodes)
         table.check_fits(shape.ranks, ranks_per_node=shape.per_node, nodes=shape.nodes)
         return table
 
     def _online_tuner(self, cfg):
         """`tuning: auto`: learn per (op, size bucket) on first use; `tuning_save` keeps it."""
-        from .tuning.online import OnlineTuner
-
-        return OnlineTuner(self, BUILTIN_ORDER["cpu"], save_path=cfg.tuning_save)
+        return OnlineTuner(self, builtin_order("cpu"), save_path=cfg.tuning_save)
 
     def new_group(self, ranks) -> Group:
         ranks = sorted(set(int(r) for r in ranks))
@@ -484,7 +483,7 @@ class Runtime:
 
     def _decide(self, family, nbytes, group, dtype, device_type, explicit, reduce_op):
         """(backend, chunk bytes, node plan or None, rule) by `mcr.choose.select_backend`, the pure
-        choice `python -m mcr.explain` runs too; its notes (a fallback, a node-aware candidate
+        choice `python -m mcr.tools.explain` runs too; its notes (a fallback, a node-aware candidate
         run flat) are said here, each once."""
         call = Call(
             family, nbytes, group.size, group.nodes, dtype, device_type, reduce_op, explicit, group.shape, group.gid
@@ -721,8 +720,6 @@ class Runtime:
         if self.cfg.flight_recorder_dump_on_finalize:
             self.dump_flight_record("finalize")
         if self.cfg.trace_dir:
-            from . import trace  # here: `python -m mcr.trace` must not find it imported already
-
             trace.write_rank(self.recorder, self.rank, self.cfg.trace_dir, time.time_ns())
         if self.comm_log is not None:
             if self.rank == 0:

@@ -5,7 +5,7 @@ apps: DDP, TorchRec). Both start the mcr runtime, so `mcr.new_group` works after
 the end (prints the comm table).
 
 `comm.backend` is `auto | gloo | mpi | nccl` or a map `{op family: backend, default: backend}`;
-`comm.tuning` is a tuning-table file written by `python -m mcr.tune`, or `auto` (tuned online).
+`comm.tuning` is a tuning-table file written by `python -m mcr.tools.tune`, or `auto` (tuned online).
 Every collective goes through the mcr runtime, which picks the backend per call.
 """
 
@@ -17,13 +17,11 @@ from typing import Any, Optional
 
 from .config import ConfigError
 
-BACKENDS = ("auto", "gloo", "mpi", "nccl")
-
 
 @dataclass
 class CommConfig:
-    backend: Any = "auto"  # auto | gloo | mpi | nccl | {op family: backend, default: backend}
-    tuning: Optional[str] = None  # tuning table from `python -m mcr.tune`, or auto
+    backend: Any = "auto"  # auto | a backend (gloo, mpi, nccl: mcr.backends) | {op family: backend, default: backend}
+    tuning: Optional[str] = None  # tuning table from `python -m mcr.tools.tune`, or auto
     log: bool = True  # keep per-(op, backend, size) timings; the table is printed at the end
     trace: bool = False  # a timeline of every comm op in <run dir>/trace (python -m mcr.trace merge)
 
@@ -34,32 +32,39 @@ def op_families() -> tuple:
     return OP_FAMILIES
 
 
+def backend_choices() -> tuple:
+    """auto, or one of the backends mcr registers (mcr.backends)."""
+    from mcr.backends import names
+
+    return ("auto", *names())
+
+
 def check_comm(comm, key: str = "comm") -> None:
     """Raise ConfigError, naming the key and the valid choices, for a bad comm section."""
-    backend = comm.backend
+    backend, choices = comm.backend, backend_choices()
     if isinstance(backend, str):
-        if backend not in BACKENDS:
+        if backend not in choices:
             raise ConfigError(
                 f"bad value {backend!r} for config key '{key}.backend'; choose one of "
-                f"{', '.join(BACKENDS)}, or a map {{op family: backend}}"
+                f"{', '.join(choices)}, or a map {{op family: backend}}"
             )
     elif hasattr(backend, "items"):
         families = op_families() + ("default",)
         for op, name in backend.items():
             if op not in families:
                 raise ConfigError(f"unknown op {op!r} in config key '{key}.backend'; choose from {', '.join(families)}")
-            if name not in BACKENDS:
+            if name not in choices:
                 raise ConfigError(
-                    f"bad value {name!r} for config key '{key}.backend.{op}'; choose one of {', '.join(BACKENDS)}"
+                    f"bad value {name!r} for config key '{key}.backend.{op}'; choose one of {', '.join(choices)}"
                 )
     else:
         raise ConfigError(
-            f"bad value {backend!r} for config key '{key}.backend'; choose one of {', '.join(BACKENDS)} or a map"
+            f"bad value {backend!r} for config key '{key}.backend'; choose one of {', '.join(choices)} or a map"
         )
     if comm.tuning not in (None, "auto") and not os.path.isfile(comm.tuning):
         raise ConfigError(
             f"bad value {comm.tuning!r} for config key '{key}.tuning': no such file; "
-            "give a table written by `python -m mcr.tune`, auto, or null"
+            "give a table written by `python -m mcr.tools.tune`, auto, or null"
         )
 
 

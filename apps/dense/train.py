@@ -121,7 +121,7 @@ def main(argv=None) -> dict:
     specs = layer_specs(cfg.model, tensor_parallel, cfg.train.seed)
     parts, plan, mpu = None, None, None
     if dims.pp_enabled:
-        from bapipe.pipeline_run import planned_pipeline_module
+        from bapipe.planned_pipeline import planned_pipeline_module
 
         parts, plan = stage_boundaries(cfg, dims, rank, run_dir, resuming, dist)
         model = planned_pipeline_module(

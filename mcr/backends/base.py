@@ -22,6 +22,22 @@ class Backend:
     # False for a library that cannot take calls from two threads at once (an MPI without
     # MPI_THREAD_MULTIPLE): no progress thread then, and a rank drives it from its waiting thread.
     thread_multiple: bool = True
+    # False for a library that starts without the runtime's TCP store (MPI has its own world,
+    # and gives the others their rendezvous address when no launcher did)
+    needs_store: bool = True
+
+    @classmethod
+    def start(cls, info, store, timeout_s: float) -> "Backend":
+        """Build it for this job (`info`: mcr.env.LaunchInfo; `store`: the runtime's torch store,
+        None for a backend with needs_store False; `timeout_s`: the op timeout where the library
+        has one). Raise BackendUnavailable with the reason where it cannot run here."""
+        return cls(store, info.rank, info.world_size, timeout_s)
+
+    @classmethod
+    def expected_devices(cls, gpu: bool) -> frozenset:
+        """The devices a job on this machine (`gpu`: it has one) would run it on, judged without
+        starting it (`mcr.tools.explain`); raise BackendUnavailable where it would not start."""
+        return cls.devices
 
     def version(self) -> str:
         raise NotImplementedError

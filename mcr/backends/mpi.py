@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import importlib.util
 import os
 
 import torch
@@ -105,7 +106,7 @@ def _half_ops(mpi) -> dict:
     pieces of the message (its own segments); torch's kernels compute each element in float32
     and round once, so on 2 ranks the result is the correctly rounded sum, and on n ranks each
     element is rounded n-1 times, as in gloo's native 16-bit reduction. Moving 16-bit words
-    costs half the bytes of upcasting to float32 and reducing that (measured: `mcr.bench_half`)."""
+    costs half the bytes of upcasting to float32 and reducing that (measured: `mcr.tools.bench_half`)."""
     combine = {
         "sum": lambda acc, a: acc.add_(a),
         "product": lambda acc, a: acc.mul_(a),
@@ -125,7 +126,7 @@ def _half_ops(mpi) -> dict:
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
 # Below this size a 16-bit all-reduce is faster as a float32 copy reduced by MPI's own SUM
-# (measured by `mcr.bench_half`: MPI calling our Python op costs tens of µs a call, which
+# (measured by `mcr.tools.bench_half`: MPI calling our Python op costs tens of µs a call, which
 # copying small tensors does not); there, all ranks' values are summed in float32, rounded once.
 UPCAST_BELOW = 64 << 10
 # From this size an async all-reduce, reduce-scatter or all-gather runs as a blocking call on the
@@ -143,6 +144,17 @@ def _is_cuda(a) -> bool:
 class MPIBackend(Backend):
     name = "mpi"
     progresses_alone = False  # Isend/Iallreduce/... advance only inside MPI calls
+    needs_store = False
+
+    @classmethod
+    def start(cls, info, store, timeout_s):
+        return cls(info)  # MPI has no op timeout: the watchdog stands in
+
+    @classmethod
+    def expected_devices(cls, gpu):
+        if importlib.util.find_spec("mpi4py") is None:
+            raise BackendUnavailable("mpi4py is not installed")
+        return frozenset({"cpu", "cuda"} if gpu else {"cpu"})
 
     def __init__(self, launch_info):
         MPI = self.MPI = _load_mpi(launch_info)

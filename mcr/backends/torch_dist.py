@@ -191,6 +191,12 @@ class NcclBackend(TorchDistBackend):
             raise BackendUnavailable("this torch build has no NCCL")
         super().__init__(store, rank, world_size, timeout_s)
 
+    @classmethod
+    def expected_devices(cls, gpu):
+        if not gpu:
+            raise BackendUnavailable("no GPU (torch.cuda.is_available() is False)")
+        return cls.devices
+
     def version(self) -> str:
         return "nccl " + ".".join(map(str, torch.cuda.nccl.version()))
 

@@ -5,7 +5,8 @@
 - `deepspeed`: `install(config)` makes `deepspeed.comm` run on that backend.
 - `torchrec`: sharders that offer row-wise sharding on CPU.
 - `versions`: the torch and DeepSpeed versions the hooks were tested with, and the warning outside them.
-- `bench`: the hooks' per-call overhead (`python -m launch.local -n 2 -m mcr.hooks.bench`).
+
+Their cost is measured by `mcr.tools.bench_hooks`, `bench_ddp` and `bench_fsdp2`.
 """
 
 from . import torch_backend  # noqa: F401  (registers backend "mcr")

@@ -6,6 +6,6 @@
     model       latency = alpha + beta * bytes: fit, fill between sizes, predict group sizes
     online      `tuning: auto`: measure each new (op, size bucket) in the job, agree, stick
     fingerprint where a table was measured; report: text summary, PNG plots, Markdown
-The command line is `python -m mcr.tune`; the measuring itself is `mcr.measure`, shared with
-`mcr.bench`.
+The command line is `python -m mcr.tools.tune`; the measuring itself is `mcr.measure`, shared with
+the online tuner and `mcr.tools.bench`.
 """

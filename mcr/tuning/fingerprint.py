@@ -8,6 +8,8 @@ import socket
 
 import torch
 
+from ..version import __version__
+
 
 def hostname_pattern(hostnames) -> str:
     """One pattern for the hosts of a job: the exact name on one host without a number, else
@@ -22,11 +24,9 @@ def hostname_pattern(hostnames) -> str:
 def fingerprint(rt, hostnames=None) -> dict:
     """The job's machine and shape. `hostnames`: every rank's host (default: those the runtime
     learned at start-up)."""
-    import mcr
-
     versions = {name: str(backend.version()) for name, backend in sorted(rt.backends.items())}
     versions["torch"] = str(torch.__version__)
-    versions["mcr"] = str(mcr.__version__)
+    versions["mcr"] = __version__
     shape = rt.shape
     return {
         "hostname": hostname_pattern(hostnames or rt.topology.hosts or [socket.gethostname()]),

@@ -115,7 +115,7 @@ def predict_table(
     measured_sizes = {c.group_size for c in table.curves if not c.predicted}
     if not table.curves:
         raise TuningTableError(
-            f"tuning table {table.path} has no measured curves to predict from; write it with `python -m mcr.tune`"
+            f"tuning table {table.path} has no measured curves to predict from; write it with `python -m mcr.tools.tune`"
         )
     fp = copy.deepcopy(table.fingerprint)
     if world_size in measured_sizes:

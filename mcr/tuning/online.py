@@ -96,7 +96,7 @@ class OnlineTuner:
         try:
             iters = min(self.iters, measure.iterations_for(nbytes))
             timed = [(c.backend, c.chunk_bytes) for c in candidates]
-            seconds, _ = measure.compare(family, nbytes, timed, dtype, group, iters, self.warmup, self.rounds, rt)
+            seconds, _ = measure.compare(rt, family, nbytes, timed, dtype, group, iters, self.warmup, self.rounds)
             out = {label(c): round(t * 1e6, 3) for c, t in zip(candidates, seconds)}
         finally:
             rt.comm_log = saved_log

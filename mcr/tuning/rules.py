@@ -75,7 +75,7 @@ def _interpolated_latency(curve, i, at):
 
 def entry_dtype(curve: Curve, curves) -> str:
     """The dtype a curve's entries speak for: `any`, unless its op was also measured in another
-    dtype (`mcr.tune --dtype bfloat16 --add-to TABLE`) and this curve is not the float32 one."""
+    dtype (`mcr.tools.tune --dtype bfloat16 --add-to TABLE`) and this curve is not the float32 one."""
     others = {c.dtype for c in curves if c.op == curve.op and c.group_size == curve.group_size}
     return "any" if len(others) == 1 or curve.dtype == "float32" else curve.dtype
 

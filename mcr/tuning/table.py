@@ -17,7 +17,7 @@ merged entry shows them at its largest measured size, `latency_at_bytes`. `predi
 marks an entry the performance model decided (a crossover between measured sizes, or another
 group size), not a measurement.
 
-Tables written by `python -m mcr.tune` also keep what the choice was made from:
+Tables written by `python -m mcr.tools.tune` also keep what the choice was made from:
 
     curves:   # every candidate's latency (µs, slowest rank's median) at every measured size
       - {op: all_reduce, group_size: 2, dtype: float32, bytes: [4, 8, ...],
@@ -206,12 +206,14 @@ class TuningTable:
             with open(path) as f:
                 data = yaml.safe_load(f)
         except FileNotFoundError:
-            raise TuningTableError(f"tuning table {path} does not exist; write one with `python -m mcr.tune`") from None
+            raise TuningTableError(
+                f"tuning table {path} does not exist; write one with `python -m mcr.tools.tune`"
+            ) from None
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise TuningTableError(f"{path} is not an mcr tuning table (no 'format: {FORMAT}')")
         if data.get("version") != VERSION:
             raise TuningTableError(
-                f"{path} has tuning-table version {data.get('version')}, this mcr reads version {VERSION}; re-run `python -m mcr.tune`"
+                f"{path} has tuning-table version {data.get('version')}, this mcr reads version {VERSION}; re-run `python -m mcr.tools.tune`"
             )
         try:
             entries = [Entry(**e) for e in data.get("entries") or []]
@@ -234,12 +236,12 @@ class TuningTable:
         if fp.get("world_size") not in (None, world_size):
             raise TuningTableError(
                 f"tuning table {self.path} was measured on {fp['world_size']} ranks but this job has {world_size}; "
-                f"run `python -m mcr.tune` at this scale, or set tuning_predict=true to use its performance model"
+                f"run `python -m mcr.tools.tune` at this scale, or set tuning_predict=true to use its performance model"
             )
         if nodes is not None and fp.get("nodes") not in (None, nodes):
             raise TuningTableError(
                 f"tuning table {self.path} was measured on {fp['nodes']} node(s) but this job runs on {nodes}; "
-                f"links inside and between nodes differ, so run `python -m mcr.tune` on {nodes} node(s) of this "
+                f"links inside and between nodes differ, so run `python -m mcr.tools.tune` on {nodes} node(s) of this "
                 f"machine and use that table"
             )
         per_node_known = ranks_per_node is not None or nodes is not None

@@ -154,7 +154,7 @@ def test_text_file_under_torchrun_with_zero2_and_top2_trains_and_reports_validat
     "override, message",
     [
         ("model.top_k=3", r"bad value 3 for config key 'model\.top_k'; choose one of 1, 2"),
-        ("comm.backend=nccl2", r"'comm\.backend'; choose one of auto, gloo, mpi, nccl"),
+        ("comm.backend=nccl2", r"'comm\.backend'; choose one of auto, mpi, gloo, nccl"),
         ("train.zero_stage=3", r"config key 'train\.zero_stage'; choose one of 0, 1, 2"),
         ("model.num_expert=4", r"unknown config key 'model\.num_expert'.*valid keys under 'model': .*num_experts"),
         ("model.ep_size=3", r"'model\.ep_size'.*must divide"),

@@ -16,7 +16,7 @@ import time
 import pytest
 from omegaconf import OmegaConf
 
-from launch.cli import app_names
+from launch.options import app_names
 from launch.scripts import Job, write_script
 from launch.submit import job_state, submit, wait
 from launch.systems import REPO, load_system

@@ -1,4 +1,4 @@
-"""`python -m mcr.explain`: the route it prints is the runtime's, and it names a table's gaps,
+"""`python -m mcr.tools.explain`: the route it prints is the runtime's, and it names a table's gaps,
 overlaps and another shape. Tables are real files; the route check runs a real 2-rank job."""
 
 import os
@@ -23,7 +23,7 @@ def write_table(path, entries, **fingerprint):
 def explain(*args) -> str:
     """The command as a user runs it, in an environment without MCR_* settings."""
     proc = subprocess.run(
-        [sys.executable, "-m", "mcr.explain", *args],
+        [sys.executable, "-m", "mcr.tools.explain", *args],
         cwd=REPO,
         env=clean_env(),
         stdout=subprocess.PIPE,

@@ -47,7 +47,9 @@ def test_table_entries_are_keyed_by_the_nodes_a_group_spans():
 
 def test_a_table_from_another_node_count_is_refused_naming_both_and_the_fix():
     table = TuningTable({"world_size": 4, "nodes": 1, "ranks_per_node": 4}, [], "one-node.yaml")
-    with pytest.raises(TuningTableError, match=r"measured on 1 node\(s\) but this job runs on 2.*mcr.tune. on 2 node"):
+    with pytest.raises(
+        TuningTableError, match=r"measured on 1 node\(s\) but this job runs on 2.*mcr.tools.tune. on 2 node"
+    ):
         table.check_fits(4, hostname="x", ranks_per_node=2, nodes=2)
     two = TuningTable({"world_size": 4, "nodes": 2, "ranks_per_node": 2}, [], "two-nodes.yaml")
     with pytest.raises(TuningTableError, match="2 ranks per node but this job has different numbers of ranks per node"):

@@ -22,7 +22,7 @@ def traced_run(tmp_path, *args):
 
 
 def merge(trace_dir) -> list:
-    cmd = [sys.executable, "-m", "mcr.trace", "merge", str(trace_dir)]
+    cmd = [sys.executable, "-m", "mcr.tools.trace", "merge", str(trace_dir)]
     out = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert out.returncode == 0 and "RuntimeWarning" not in out.stdout, out.stdout
     with open(trace_dir / "mcr_trace.json") as f:

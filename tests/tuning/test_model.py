@@ -67,7 +67,7 @@ def test_predict_world_size_command_prints_the_predicted_table(tmp_path):
     path = tmp_path / "t.yaml"
     TuningTable({"world_size": 2, "hostname": "vm"}, entries_for(measured), None, [measured]).save(str(path))
     out = subprocess.run(
-        [sys.executable, "-m", "mcr.tune", "--table", str(path), "--predict-world-size", "4"],
+        [sys.executable, "-m", "mcr.tools.tune", "--table", str(path), "--predict-world-size", "4"],
         cwd=REPO,
         capture_output=True,
         text=True,

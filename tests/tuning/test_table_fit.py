@@ -23,7 +23,9 @@ def _table(world_size=4, hostname="*", ranks_per_node=2):
 
 
 def test_world_size_mismatch_names_both_sizes_and_the_fix():
-    with pytest.raises(TuningTableError, match=r"measured on 4 ranks but this job has 2.*mcr.tune.*tuning_predict"):
+    with pytest.raises(
+        TuningTableError, match=r"measured on 4 ranks but this job has 2.*mcr.tools.tune.*tuning_predict"
+    ):
         _table().check_fits(2)
 
 

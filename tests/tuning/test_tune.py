@@ -1,4 +1,4 @@
-"""`mcr.tune` on 2 real ranks writes the same table on every rank, and the runtime follows it."""
+"""`mcr.tools.tune` on 2 real ranks writes the same table on every rank, and the runtime follows it."""
 
 import json
 import os
@@ -11,7 +11,7 @@ SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 # small and quick: 3 ops, 16 B .. 2 MiB, a 512 KiB chunk candidate that applies from 1 MiB on
 TUNE = [
     "-m",
-    "mcr.tune",
+    "mcr.tools.tune",
     "--ops",
     "all_reduce,all_to_all,send_recv",
     "--min-bytes",
@@ -86,7 +86,7 @@ def test_tune_writes_an_identical_table_on_every_rank_and_the_runtime_follows_it
 
 
 def test_a_bfloat16_sweep_added_to_a_float32_table_decides_bfloat16_alone():
-    from mcr.tune import build_table
+    from mcr.tools.tune import build_table
     from mcr.tuning.model import fits_for
     from mcr.tuning.rules import entries_for
     from mcr.tuning.table import Curve

@@ -11,14 +11,14 @@ import sys
 import torch
 
 import mcr
-from mcr.runtime import BUILTIN_ORDER
+from mcr.backends import builtin_order
 from mcr.tuning.candidates import label
 
 expect_changed = sys.argv[1] == "1"
 rt = mcr.init(comm_log=True)
 assert rt.table is not None and rt.table.path == os.environ["MCR_TUNING_FILE"], rt.table
 n = mcr.get_world_size()
-default = next(b for b in BUILTIN_ORDER["cpu"] if b in rt.backends)
+default = next(b for b in builtin_order("cpu") if b in rt.backends)
 changed = 0
 checked = 0
 for e in rt.table.entries:

@@ -1,6 +1,6 @@
 """Micro-benchmarks in the style of OSU and nccl-tests.
 
-    python -m launch.local -n 2 -m mcr.bench [--ops all_reduce,all_to_all] [--max-bytes 64M]
+    python -m launch.local -n 2 -m mcr.tools.bench [--ops all_reduce,all_to_all] [--max-bytes 64M]
 
 For each op and message size: latency (µs) and bus bandwidth (GB/s) on every available
 backend and on the runtime's own choice ("auto", with the backend it picked and its distance
@@ -16,11 +16,11 @@ import sys
 
 import torch
 
-from . import api
-from .commlog import human_bytes
-from .measure import MEASURABLE_OPS, compare, time_call
-from .ops import bus_factor
-from .tuning.candidates import short_bytes
+from .. import api
+from ..commlog import human_bytes
+from ..measure import MEASURABLE_OPS, compare, time_call
+from ..ops import bus_factor
+from ..tuning.candidates import short_bytes
 
 DEFAULT_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 
@@ -51,7 +51,7 @@ def sweep(ops, backends, sizes, dtype, iters=None, rounds=3):
         for size in sizes:
             row = {"op": op}
             timed = [(None if name == "auto" else name, 0) for name in backends]
-            seconds, actual = compare(op, size, timed, dtype, iters=iters, rounds=rounds)
+            seconds, actual = compare(rt, op, size, timed, dtype, iters=iters, rounds=rounds)
             if rows and rows[-1]["op"] == op and rows[-1]["bytes"] == actual:
                 continue  # rounded up to the same message as the last size (divisible by n)
             row.update(zip(backends, seconds))
@@ -103,15 +103,15 @@ def overhead(iters=20000, rounds=3):
     chosen, _ = rt.choose("all_reduce", 4, rt.world, torch.float32, "cpu")
     auto = float("inf")
     # The machine may be shared: each row keeps its best of `rounds` runs, the library and the
-    # runtime timed side by side in each round (as mcr.hooks.bench does).
+    # runtime timed side by side in each round (as mcr.tools.bench_hooks does).
     for _ in range(rounds):
         for name, call in direct.items():
             n_iters = iters if name == "mpi" else iters // 20
-            lib = time_call(call, n_iters, warmup=50)
-            via = time_call(lambda name=name: api.all_reduce(x, backend=name), n_iters, warmup=50)
+            lib = time_call(rt, call, n_iters, warmup=50)
+            via = time_call(rt, lambda name=name: api.all_reduce(x, backend=name), n_iters, warmup=50)
             best = rows.get(name, (lib, via))
             rows[name] = (min(lib, best[0]), min(via, best[1]))
-        auto = min(auto, time_call(lambda: api.all_reduce(x), iters if chosen.name == "mpi" else iters // 20, 50))
+        auto = min(auto, time_call(rt, lambda: api.all_reduce(x), iters if chosen.name == "mpi" else iters // 20, 50))
     lines = [
         f"\n# runtime overhead, 4-byte all_reduce (median per call, slowest rank, best of {rounds} rounds)",
         f"{'backend':<10}{'library us':>12}{'mcr us':>10}{'overhead us':>13}",

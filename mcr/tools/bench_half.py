@@ -1,6 +1,6 @@
 """16-bit all-reduce: which way is fastest, side by side in one run.
 
-    python -m launch.local -n 2 -m mcr.bench_half [--dtype bfloat16] [--max-bytes 64M]
+    python -m launch.local -n 2 -m mcr.tools.bench_half [--dtype bfloat16] [--max-bytes 64M]
 
 Per message size (of the 16-bit tensor), the slowest rank's median of:
   mpi       mcr.all_reduce on the MPI backend: what it does (op16 from UPCAST_BELOW up, upcast below)
@@ -18,10 +18,10 @@ import sys
 
 import torch
 
-from . import api
+from .. import api
+from ..commlog import human_bytes
+from ..measure import iterations_for, time_call
 from .bench import parse_bytes, sizes_between
-from .commlog import human_bytes
-from .measure import iterations_for, time_call
 
 
 def calls(numel, dtype):
@@ -57,7 +57,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     rt = api.init(tuning=None)
     if "mpi" not in rt.backends or "gloo" not in rt.backends:
-        parser.error("needs the mpi and gloo backends: launch with `python -m launch.local -n 2 -m mcr.bench_half`")
+        parser.error(
+            "needs the mpi and gloo backends: launch with `python -m launch.local -n 2 -m mcr.tools.bench_half`"
+        )
     dtype = getattr(torch, args.dtype)
     sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes))[
         :: max(1, args.step.bit_length() - 1)
@@ -74,7 +76,7 @@ def main(argv=None) -> int:
         best = dict.fromkeys(names, float("inf"))
         for r in range(args.rounds):
             for name in names if r % 2 == 0 else reversed(names):
-                best[name] = min(best[name], time_call(ways[name], iters, warmup=3))
+                best[name] = min(best[name], time_call(api.runtime(), ways[name], iters, warmup=3))
         line = f"{human_bytes(numel * 2):>9}" + "".join(f"{best[n] * 1e6:>12.1f}" for n in names)
         if rt.rank == 0:
             print(line + f"{best['mpi'] / best['gloo']:>10.2f}{best['op16'] / best['upcast']:>13.2f}", flush=True)

@@ -1,7 +1,7 @@
 """FSDP2 (`fully_shard`) step time on backend "mcr", with every op on gloo, on MPI, and on the
 runtime's own choice (a tuning table when MCR_TUNING_FILE names one, else the built-in order).
 
-    python -m launch.local -n 2 -m mcr.hooks.bench_fsdp2 [--layers 8 --width 1024 --batch 32]
+    python -m launch.local -n 2 -m mcr.tools.bench_fsdp2 [--layers 8 --width 1024 --batch 32]
 
 FSDP2 all-gathers each layer's parameters before its forward and backward and reduce-scatters
 its gradients, through torch's functional collectives (C++ ops that reach the backend through
@@ -21,7 +21,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
 from .. import api
-from . import torch_backend
+from ..hooks import torch_backend
 from .bench_ddp import slowest_median
 
 

@@ -1,7 +1,7 @@
 """Measure every backend on the ranks this is launched with and write the tuning table.
 
-    python -m launch.local -n 2 -m mcr.tune [--out tuning/{host}-n{world}.yaml] [--max-bytes 64M]
-    python -m mcr.tune --table tuning/vm-n2.yaml --predict-world-size 8     # no ranks needed
+    python -m launch.local -n 2 -m mcr.tools.tune [--out tuning/{host}-n{world}.yaml] [--max-bytes 64M]
+    python -m mcr.tools.tune --table tuning/vm-n2.yaml --predict-world-size 8     # no ranks needed
 
 For each op, message size (powers of two from --min-bytes to --max-bytes, plus --sizes and the
 sizes a model used, read from its comm log with --sizes-from) and candidate (each backend, and
@@ -23,16 +23,16 @@ import time
 
 import torch
 
-from . import api
+from .. import api
+from ..backends import builtin_order
+from ..measure import MEASURABLE_OPS, compare
+from ..tuning import candidates as cands
+from ..tuning.fingerprint import fingerprint
+from ..tuning.model import fits_for, predict_table
+from ..tuning.report import summary, write_beside
+from ..tuning.rules import DEFAULT_MARGIN, entries_for, entry_dtype, winners
+from ..tuning.table import Curve, TuningTable
 from .bench import DEFAULT_OPS
-from .measure import MEASURABLE_OPS, compare
-from .runtime import BUILTIN_ORDER
-from .tuning import candidates as cands
-from .tuning.fingerprint import fingerprint
-from .tuning.model import fits_for, predict_table
-from .tuning.report import summary, write_beside
-from .tuning.rules import DEFAULT_MARGIN, entries_for, entry_dtype, winners
-from .tuning.table import Curve, TuningTable
 
 DEFAULT_OUT = "tuning/{host}-n{world}.yaml"
 
@@ -52,7 +52,7 @@ def model_sizes(path: str) -> dict:
             rows = json.load(f)
     except (OSError, ValueError) as exc:
         raise SystemExit(
-            f"mcr.tune: cannot read the comm log {path} ({exc}); write one with MCR_COMM_LOG_JSON=path"
+            f"mcr.tools.tune: cannot read the comm log {path} ({exc}); write one with MCR_COMM_LOG_JSON=path"
         ) from None
     out = {}
     for row in rows:
@@ -63,7 +63,9 @@ def model_sizes(path: str) -> dict:
 def measure_point(op, size, choices, dtype, group, iters, warmup, rounds):
     """(actual bytes, {label: µs or None}) for every candidate at one requested size."""
     live = [c for c in choices if cands.applies(c, size)]
-    seconds, actual = compare(op, size, [(c.backend, c.chunk_bytes) for c in live], dtype, group, iters, warmup, rounds)
+    seconds, actual = compare(
+        api.runtime(), op, size, [(c.backend, c.chunk_bytes) for c in live], dtype, group, iters, warmup, rounds
+    )
     row = {cands.label(c): None for c in choices}
     row.update({cands.label(c): round(t * 1e6, 3) for c, t in zip(live, seconds)})
     return actual, row
@@ -135,7 +137,7 @@ def build_table(fp, curves, margin, order_by_op, base=None) -> TuningTable:
 
 def parse_args(argv):
     p = argparse.ArgumentParser(
-        prog="mcr.tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="mcr.tools.tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--ops", default=",".join(DEFAULT_OPS), help=f"comma list from {', '.join(MEASURABLE_OPS)}")
     p.add_argument("--backends", default=None, help="comma list (default: every available backend)")
@@ -195,7 +197,7 @@ def main(argv=None) -> int:
     if world < 2:
         parser.error(
             "there is nothing to tune on 1 rank; launch it on the ranks of the job, e.g. "
-            "`python -m launch.local -n 2 -m mcr.tune`"
+            "`python -m launch.local -n 2 -m mcr.tools.tune`"
         )
     log = (lambda msg: print(msg, flush=True)) if rank == 0 else (lambda msg: None)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
@@ -206,8 +208,8 @@ def main(argv=None) -> int:
     for name in backends:
         if name not in rt.backends:
             parser.error(f"backend {name!r} is unavailable here: {rt.unavailable.get(name, 'unknown backend')}")
-    preferred = [b for b in BUILTIN_ORDER["cpu"] if b in backends] + [
-        b for b in backends if b not in BUILTIN_ORDER["cpu"]
+    preferred = [b for b in builtin_order("cpu") if b in backends] + [
+        b for b in backends if b not in builtin_order("cpu")
     ]
     chunks = [cands.parse_bytes(c) for c in args.chunks.split(",") if c.strip()]
     group_sizes = [int(g) for g in args.group_sizes.split(",")] if args.group_sizes else [world]
@@ -221,7 +223,7 @@ def main(argv=None) -> int:
     out_path = args.out.format(host=socket.gethostname(), world=world, rank=rank)
 
     log(
-        f"mcr.tune: {world} ranks, backends {', '.join(preferred)}, ops {', '.join(ops)}, "
+        f"mcr.tools.tune: {world} ranks, backends {', '.join(preferred)}, ops {', '.join(ops)}, "
         f"{len(base)} sizes {base[0]} B .. {base[-1]} B, chunks {args.chunks or 'none'}"
     )
     started = time.perf_counter()

@@ -1,8 +1,8 @@
 """Which backend each op gets, and why, before a run: no ranks needed.
 
-    python -m mcr.explain --tuning configs/tuning/vm-n2.yaml --world-size 2 --nodes 1
-    python -m mcr.explain --tuning t.yaml --world-size 8 --nodes 2 --ops all_reduce --dtype bfloat16
-    python -m mcr.explain --tuning t.yaml --sizes 4,64K,16M --check   # exit 1 if the table has a problem
+    python -m mcr.tools.explain --tuning configs/tuning/vm-n2.yaml --world-size 2 --nodes 1
+    python -m mcr.tools.explain --tuning t.yaml --world-size 8 --nodes 2 --ops all_reduce --dtype bfloat16
+    python -m mcr.tools.explain --tuning t.yaml --sizes 4,64K,16M --check   # exit 1 if the table has a problem
 
 For each op and message size (powers of 4 from 4 B to 64 MiB and the table's own boundaries, or
 --sizes) it prints the route the runtime would take for the world group of --world-size ranks
@@ -26,18 +26,19 @@ reductions on GPU); a backend is taken to run every op on its devices.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 
 import torch
 
-from . import config as mcr_config
-from .backends.base import Backend
-from .choose import Call, Policy, entry_text, select_backend, table_rule
-from .ops import OP_FAMILIES
-from .topology import Shape
-from .tuning.candidates import parse_bytes, short_bytes
-from .tuning.table import TuningTable, TuningTableError
+from .. import config as mcr_config
+from ..backends import REGISTRY
+from ..backends.base import Backend, BackendUnavailable
+from ..choose import Call, Policy, entry_text, select_backend, table_rule
+from ..ops import OP_FAMILIES
+from ..topology import Shape
+from ..tuning.candidates import parse_bytes, short_bytes
+from ..tuning.model import predict_table  # as Runtime._fit_table does with tuning_predict
+from ..tuning.table import TuningTable, TuningTableError
 
 REDUCING = ("all_reduce", "reduce", "reduce_scatter")
 DEFAULT_SIZES = [4**k for k in range(1, 14)]  # 4 B .. 64 MiB
@@ -55,13 +56,10 @@ def available_backends(names, device: str):
     gpu = torch.cuda.is_available() or device == "cuda"
     have, missing = {}, {}
     for name in names:
-        if name == "mpi" and importlib.util.find_spec("mpi4py") is None:
-            missing[name] = "mpi4py is not installed"
-        elif name == "nccl" and not gpu:
-            missing[name] = "no GPU (torch.cuda.is_available() is False)"
-        else:
-            devices = {"mpi": ("cpu", "cuda") if gpu else ("cpu",), "gloo": ("cpu",), "nccl": ("cuda",)}[name]
-            have[name] = Declared(name, devices)
+        try:
+            have[name] = Declared(name, REGISTRY[name].cls.expected_devices(gpu))
+        except BackendUnavailable as exc:
+            missing[name] = str(exc)
     return have, missing
 
 
@@ -195,7 +193,7 @@ def render(rows, header=("op", "dtype", "size", "backend", "chunk", "rule")) -> 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m mcr.explain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="python -m mcr.tools.explain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--tuning", help="the tuning table (default: MCR_TUNING_FILE)")
     parser.add_argument("--world-size", type=int, help="ranks in the job (default: the table's)")
@@ -219,7 +217,10 @@ def main(argv=None) -> int:
     world_size = args.world_size or fp.get("world_size") or 2
     shape = job_shape(world_size, args.nodes or fp.get("nodes") or 1)
     device = args.device or (table.device if table is not None else "cpu")
-    names = [n.strip() for n in (args.backends or cfg.backends).split(",") if n.strip()]
+    names = [n.strip() for n in args.backends.split(",") if n.strip()] if args.backends else cfg.backend_names()
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown:
+        parser.error(f"unknown backend {', '.join(unknown)}; choose from {', '.join(REGISTRY)}")
     backends, unavailable = available_backends(names, device)
     dtypes = [d.strip() for d in args.dtype.split(",")]
     in_table = list(dict.fromkeys(e.op for e in table.entries)) if table is not None else []
@@ -234,8 +235,6 @@ def main(argv=None) -> int:
 
     predicted = table is not None and args.predict and table.fingerprint.get("world_size") not in (None, shape.ranks)
     if table is not None and args.predict:
-        from .tuning.model import predict_table  # as Runtime._fit_table does with tuning_predict
-
         table = predict_table(table, shape.ranks, shape.per_node, nodes=shape.nodes)
     # with --predict the job uses the table reshaped, and nothing checks its shape: its gaps count
     found = problems(table, ops, dtypes, shape, args.hostname, not args.predict) if table is not None else []

@@ -1,7 +1,7 @@
 """One op in its call forms, side by side in one run: all_to_all_single against list-form
 all_to_all at the same total size (the list form costs what its packing costs over the other).
 
-    python -m launch.local -n 2 -m mcr.bench_forms [--backend mpi] [--max-bytes 64M]
+    python -m launch.local -n 2 -m mcr.tools.bench_forms [--backend mpi] [--max-bytes 64M]
 
 Every number is the slowest rank's median; the forms are timed in interleaved rounds (A B, B A,
 ...) and each keeps its best round.
@@ -14,10 +14,10 @@ import sys
 
 import torch
 
-from . import api
+from .. import api
+from ..commlog import human_bytes
+from ..measure import iterations_for, time_call
 from .bench import parse_bytes, sizes_between
-from .commlog import human_bytes
-from .measure import iterations_for, time_call
 
 
 def forms(total_bytes, n, backend):
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
         best = dict.fromkeys(calls, float("inf"))
         for r in range(args.rounds):
             for name in calls if r % 2 == 0 else reversed(list(calls)):
-                best[name] = min(best[name], time_call(calls[name], iters, warmup=3))
+                best[name] = min(best[name], time_call(api.runtime(), calls[name], iters, warmup=3))
         if rt.rank == 0:
             s, lst = best["single"], best["list"]
             print(f"{human_bytes(actual):>9}{s * 1e6:>12.1f}{lst * 1e6:>12.1f}{lst / s:>13.2f}", flush=True)

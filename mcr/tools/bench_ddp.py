@@ -1,6 +1,6 @@
 """DDP step time on backend "mcr", with and without overlapping the gradient all-reduce.
 
-    python -m launch.local -n 2 -m mcr.hooks.bench_ddp [--layers 8 --width 1024 --batch 64]
+    python -m launch.local -n 2 -m mcr.tools.bench_ddp [--layers 8 --width 1024 --batch 64]
 
 DDP's reducer all-reduces each bucket as soon as its gradients are ready and waits for all of
 them at the end of backward. Rows (median forward+backward+step time, slowest rank, each row's
@@ -27,7 +27,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import api
-from . import torch_backend
+from ..hooks import torch_backend
 
 
 @contextlib.contextmanager

@@ -1,8 +1,8 @@
 """Per-call cost of the torch.distributed backend "mcr" on a 4-byte all-reduce.
 
-    python -m launch.local -n 2 -m mcr.hooks.bench                      # mpiexec: MPI chosen
-    python -m launch.local -n 2 --launcher torchrun -m mcr.hooks.bench  # torchrun: gloo
-    MCR_BACKEND=gloo python -m launch.local -n 2 -m mcr.hooks.bench     # force gloo
+    python -m launch.local -n 2 -m mcr.tools.bench_hooks                      # mpiexec: MPI chosen
+    python -m launch.local -n 2 --launcher torchrun -m mcr.tools.bench_hooks  # torchrun: gloo
+    MCR_BACKEND=gloo python -m launch.local -n 2 -m mcr.tools.bench_hooks     # force gloo
 
 Rows (median µs per call, slowest rank): the chosen backend's library called directly; the
 runtime (`mcr.all_reduce`); the registered ProcessGroup's `allreduce` called from Python;
@@ -21,8 +21,8 @@ import torch
 import torch.distributed as dist
 
 from .. import api
+from ..hooks import torch_backend
 from ..measure import time_call
-from . import torch_backend
 
 
 def _library_call(rt, name, x):
@@ -51,7 +51,7 @@ def measure(iters: int) -> list:
         ("dist.all_reduce", lambda: dist.all_reduce(x)),
         ("functional (C++ caller)", lambda: wait_tensor(functional_all_reduce(x, "sum", pg.group_name))),
     ]
-    return [(label, time_call(call, n, warmup=50)) for label, call in calls]
+    return [(label, time_call(api.runtime(), call, n, warmup=50)) for label, call in calls]
 
 
 def format_rows(rows) -> str:

@@ -1,6 +1,6 @@
 """Large all-reduce against the memory floor, side by side in one run.
 
-    python -m launch.local -n 2 -m mcr.bench_large [--sizes 16M,64M]
+    python -m launch.local -n 2 -m mcr.tools.bench_large [--sizes 16M,64M]
 
 Per size (float32, 2+ ranks), the slowest rank's median of:
   floor       every rank copies the message once (np.copyto), all at the same time: the memory
@@ -26,10 +26,10 @@ import sys
 import numpy as np
 import torch
 
-from . import api
+from .. import api
+from ..commlog import human_bytes
+from ..measure import time_call
 from .bench import parse_bytes
-from .commlog import human_bytes
-from .measure import time_call
 
 CHUNKS = ("256K", "1M", "4M")
 
@@ -94,7 +94,7 @@ def main(argv=None) -> int:
         best = dict.fromkeys(calls, float("inf"))
         for r in range(args.rounds):
             for name in calls if r % 2 == 0 else reversed(list(calls)):
-                best[name] = min(best[name], time_call(calls[name], args.iters, warmup=2))
+                best[name] = min(best[name], time_call(api.runtime(), calls[name], args.iters, warmup=2))
         if rt.rank == 0:
             print(f"\n# all_reduce of {human_bytes(nbytes)} float32, {rt.world_size} ranks {mca or '(MCA defaults)'}")
             print(f"{'way':<16}{'ms':>9}{'x floor':>9}{'vs raw-mpi':>12}\n" + "-" * 46)
