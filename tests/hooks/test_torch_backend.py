@@ -79,7 +79,7 @@ def test_uncaught_exception_after_init_process_group_prints_its_traceback():
     for rank in (0, 1):
         assert f"rank {rank} uncaught after init_process_group" in result.output, result.output[-3000:]
         assert f"rank {rank} ended with AssertionError" in result.output, result.output[-3000:]
-    assert result.output.count('raise_script.py", line 8, in <module>') == 2, result.output[-3000:]
+    assert result.output.count('raise_script.py", line 9, in <module>') == 2, result.output[-3000:]
 
 
 @pytest.mark.parametrize("world", [2, 3])
