@@ -1,7 +1,9 @@
 """The runtime's state and its two central steps: choosing a backend and running the op.
 
 Every public op in `mcr.api` describes its call (op family, message bytes, dtype, group) and
-hands it here, so backend choice, the watchdog and the communication log live in one place.
+hands it here, so backend choice, the watchdog, the flight recorder and the communication log
+live in one place. Starting the backends, the store and the table is `mcr.startup`'s job; the
+choice itself is the pure `mcr.choose.select_backend`; ops in flight are `mcr.inflight`'s.
 
 Why mixing backends cannot deadlock (the rule the code keeps):
   1. The choice depends only on values equal on every rank of the group: the op family, the
@@ -32,22 +34,19 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import sys
 import time
 import zlib
-from datetime import timedelta
 from functools import partial
 from threading import Event, Thread, get_ident
 from typing import NamedTuple
 
 import torch
-import torch.distributed as dist
 
 from . import env as launch_env
-from . import flight, hugepages, netcheck, node_aware, trace
-from .backends import REGISTRY, builtin_order
-from .backends.base import Backend, BackendUnavailable
+from . import flight, node_aware, startup, trace
+from .backends import builtin_order
+from .backends.base import Backend
 from .callbacks import CallbackThread
 from .choose import Call, Policy, require, select_backend, table_rule
 from .commlog import CommLog
@@ -60,11 +59,9 @@ from .inflight import InFlight
 from .mpi_driver import MPIDriver
 from .ops import dtype_name
 from .progress import ProgressThread
-from .topology import Topology
 from .tuning.candidates import label
-from .tuning.model import predict_table
 from .tuning.online import OnlineTuner
-from .tuning.table import Choice, TuningTable
+from .tuning.table import Choice
 from .watchdog import Watchdog
 
 log = logging.getLogger("mcr")
@@ -113,31 +110,16 @@ class Runtime:
         self.info = info
         self.rank = info.rank
         self.world_size = info.world_size
-        self.backends = {}
-        self.unavailable = {}  # backend name -> why it cannot run here
-        wanted = cfg.backend_names()
-        netcheck.check_names(os.environ, spans_nodes=info.local_world_size < info.world_size)
-        table = self._read_table(cfg)
-
-        timeout_s = op_timeout_s or cfg.watchdog_timeout_s
-        self._start_backends(wanted, info, None, timeout_s)  # those with no store: they may give its address
-        mpi = self.backends.get("mpi")
-        self.store = store if store is not None else self._make_store(info, mpi, self.unavailable.get("mpi"))
-        # every rank's node, once: from the hostnames, whatever the launcher said about local ranks
-        hosts = launch_env.hosts_by_rank(self.store, info.rank, info.world_size) if info.world_size > 1 else None
-        self.topology = Topology(hosts or [socket.gethostname()])
-        self.shape = self.topology.shape()
-        if "gloo" in wanted and self.shape.nodes > 1:  # before gloo connects: a wrong network fails named
-            netcheck.check_gloo_reach(self.store, self.topology, info.rank, os.environ)
-        table = self._fit_table(table, cfg)  # before gloo starts: a refused table stops every rank alike
-        self._start_backends(wanted, info, self.store, timeout_s)
+        started = startup.start(cfg, info, store, op_timeout_s)
+        self.backends, self.unavailable = started.backends, started.unavailable  # unavailable: name -> why
+        self.store, self.topology, self.shape = started.store, started.topology, started.shape
 
         self._next_gid = 0
         # every group this runtime made communicators for: finalize() releases them (the torch
         # hook's groups are held by torch's ProcessGroup, which frees them with destroy_process_group)
         self._groups = []
         self.world = self.new_group(range(info.world_size))
-        self.table = self._online_tuner(cfg) if cfg.tuning == "auto" else table
+        self.table = self._online_tuner(cfg) if cfg.tuning == "auto" else started.table
         self.comm_log = CommLog() if cfg.comm_log else None
         self.recorder = (
             FlightRecorder(
@@ -167,112 +149,11 @@ class Runtime:
         self.progress = self._progress_thread(cfg)
         self.callbacks = CallbackThread()  # sets dist.Work futures as their ops complete (mcr.callbacks)
         if self.world_size > 1:
-            self._abort_job_on_uncaught_exception()
+            startup.abort_job_on_uncaught_exception(self.rank, self.dump_flight_record, self.abort_job)
         if self.rank == 0:
-            self._check_huge_pages()
-            self._check_local_size()
-            have = ", ".join(f"{n} ({b.version()})" for n, b in self.backends.items())
-            missing = "; ".join(f"{n}: {why}" for n, why in self.unavailable.items())
-            log.info(
-                "mcr: %s via %s; backends %s%s; %s",
-                self.shape,
-                info.launcher,
-                have,
-                f"; unavailable: {missing}" if missing else "",
-                self._table_text(),
-            )
+            startup.say_once(started, info, self.table)
 
-    # --- start-up ------------------------------------------------------------------------------
-    def _check_huge_pages(self):
-        """MPI's large transfers need huge pages (`mcr.hugepages`); say so when torch gave none."""
-        if "mpi" in self.backends and hugepages.torch_uses_them() is False:
-            log.warning(
-                "mcr: large CPU tensors are on 4 KiB pages (torch allocated before mcr was imported, or %s=0), "
-                "so MPI's large transfers run up to 2x slower; import mcr first or export %s=1",
-                hugepages.ENV,
-                hugepages.ENV,
-            )
-
-    def _check_local_size(self):
-        """The hostnames decide which ranks share a node; say so when the launcher thinks otherwise
-        (containers that all call themselves `localhost`, a wrong LOCAL_WORLD_SIZE)."""
-        mine = self.topology.hosts.count(self.topology.hosts[self.rank])
-        if mine != self.info.local_world_size:
-            log.warning(
-                "mcr: %s says %d ranks share this node, but %d ranks have its hostname %r; mcr goes by the hostnames "
-                "(the node-aware collectives and the tuning table's shape)",
-                self.info.launcher,
-                self.info.local_world_size,
-                mine,
-                self.topology.hosts[self.rank],
-            )
-
-    def _table_text(self) -> str:
-        table = self.table
-        if table is None:
-            return "no tuning table"
-        if table.online:
-            return f"tuning online ({table.path})"
-        return f"tuning table {table.path} (measured for {table.shape_text()}; {table.fingerprint_text()})"
-
-    def _start_backends(self, wanted, info, store, timeout_s):
-        """Start the registered backends (mcr.backends) that need a store, or (store None) those
-        that need none; each is started, or `unavailable` says why not."""
-        for name, entry in REGISTRY.items():
-            if entry.cls.needs_store != (store is not None):
-                continue
-            if name not in wanted:
-                self.unavailable[name] = "not in the configured backends list"
-                continue
-            try:
-                self.backends[name] = entry.cls.start(info, store, timeout_s)
-            except BackendUnavailable as exc:
-                self.unavailable[name] = str(exc)
-
-    @staticmethod
-    def _make_store(info, mpi, why_no_mpi):
-        """One TCP store for all torch backends' rendezvous."""
-        addr, port = info.master_addr, info.master_port
-        is_server = info.rank == 0
-        if mpi is not None and (addr is None or port is None):
-            # MPI gives us a channel: rank 0 publishes its host and a free port.
-            addr, port = mpi.world.bcast((addr or socket.gethostname(), port or launch_env.free_port()), root=0)
-        elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-            is_server = False  # torchrun's agent already serves a store on MASTER_PORT
-        elif port is not None and info.world_size > 1:
-            port += 1  # leave MASTER_PORT free for torch.distributed's own store
-        if addr is None or port is None:
-            if info.world_size == 1:
-                addr, port = "127.0.0.1", launch_env.free_port()
-            else:
-                # under an MPI launcher the address comes through MPI: say why MPI could not give it
-                fix = f"mpi is unavailable ({why_no_mpi}), so " if why_no_mpi and info.launcher != "torchrun" else ""
-                raise RuntimeError(
-                    f"mcr.init: rank {info.rank} of {info.world_size} (launcher {info.launcher}) has no rendezvous "
-                    f"address; {fix}set MASTER_ADDR and MASTER_PORT, or launch with mpiexec and mpi in the backends"
-                )
-        store = dist.TCPStore(addr, port, info.world_size, is_server, timedelta(seconds=300), wait_for_workers=False)
-        return dist.PrefixStore("mcr/", store)
-
-    def _abort_job_on_uncaught_exception(self):
-        """An exception that ends this rank must end the job: exiting normally would run
-        MPI_Finalize, which waits for peers that may be waiting for us."""
-        previous = sys.excepthook
-
-        def hook(kind, value, traceback):
-            # torch's init_process_group wraps this hook and buffers stderr until it returns;
-            # we never return, so write to the real stderr or the traceback is lost.
-            sys.stderr = sys.__stderr__
-            previous(kind, value, traceback)
-            while traceback is not None and traceback.tb_next is not None:
-                traceback = traceback.tb_next
-            self.dump_flight_record(f"uncaught {kind.__name__}", frame=traceback and traceback.tb_frame)
-            sys.stderr.write(f"mcr: rank {self.rank} ended with {kind.__name__}; aborting the job\n")
-            sys.stderr.flush()
-            self.abort_job()
-
-        sys.excepthook = hook
-
+    # --- start-up (the backends, store and table: mcr.startup) ---------------------------------
     def dump_flight_record(self, why="asked for", directory=None, frame=None) -> str | None:
         """Write this rank's flight record (`mcr.flight`) into `directory` (default: the
         configured one) and say where on stderr; None where the recorder is off or no directory
@@ -312,25 +193,6 @@ class Runtime:
                 )
             return None
         return ProgressThread(self, self._waits)
-
-    @staticmethod
-    def _read_table(cfg):
-        """A table file is read before any backend starts, so a missing or malformed one stops
-        every rank the same way instead of leaving peers mid-handshake."""
-        if cfg.tuning is None or cfg.tuning == "auto":
-            return None
-        return TuningTable.load(cfg.tuning)
-
-    def _fit_table(self, table, cfg):
-        """The table checked against this job's shape (ranks, nodes, ranks per node), which every
-        rank knows alike once the hostnames are exchanged; or, with tuning_predict, reshaped."""
-        if table is None:
-            return None
-        shape = self.shape
-        if cfg.tuning_predict:  # another scale or machine: this job's group size through the model
-            return predict_table(table, shape.ranks, shape.per_node, nodes=shape.nodes)
-        table.check_fits(shape.ranks, ranks_per_node=shape.per_node, nodes=shape.nodes)
-        return table
 
     def _online_tuner(self, cfg):
         """`tuning: auto`: learn per (op, size bucket) on first use; `tuning_save` keeps it."""

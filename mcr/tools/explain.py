@@ -37,7 +37,7 @@ from ..choose import Call, Policy, entry_text, select_backend, table_rule
 from ..ops import OP_FAMILIES
 from ..topology import Shape
 from ..tuning.candidates import parse_bytes, short_bytes
-from ..tuning.model import predict_table  # as Runtime._fit_table does with tuning_predict
+from ..tuning.model import predict_table  # as mcr.startup.fit_table does with tuning_predict
 from ..tuning.table import TuningTable, TuningTableError
 
 REDUCING = ("all_reduce", "reduce", "reduce_scatter")
@@ -120,7 +120,7 @@ def problems(table: TuningTable, ops, dtypes, shape: Shape, hostname=None, check
     """Lines naming each gap, overlap and (`check_shape`) shape mismatch, for the ops and dtypes asked."""
     out = []
     try:
-        if check_shape:  # as Runtime._fit_table does without tuning_predict
+        if check_shape:  # as mcr.startup.fit_table does without tuning_predict
             table.check_fits(shape.ranks, hostname=hostname, ranks_per_node=shape.per_node, nodes=shape.nodes)
     except TuningTableError as exc:
         out.append(f"another shape: {exc}")
