@@ -57,6 +57,8 @@ def end_step(train, start: int) -> int:
 
 
 class TrainLoop:
+    """One run from `start` to its end: the throughput meter, the metrics log and the cadence."""
+
     def __init__(self, cfg, run_dir: str, start: int, fields, **per_step: float):
         self.cfg, self.start, self.end = cfg, start, end_step(cfg.train, start)
         warmup = max(1, (self.end - start) // 10)  # the first steps warm up; the summary skips them
@@ -119,9 +121,10 @@ class TrainLoop:
                 self.log.write(step, **values)
                 sums, seen = {}, 0
             if self.saves_at(step):
-                save(tag_for(step), step)
+                tag = tag_for(step)
+                save(tag, step)
                 if dist.get_rank() == 0:  # save returned here once every rank's files were complete
-                    mark_latest(ckpt_dir, tag_for(step), keep=self.cfg.checkpoint.keep)
+                    mark_latest(ckpt_dir, tag, keep=self.cfg.checkpoint.keep)
         self.wall_s = time.perf_counter() - started
 
     def finish(self, **about) -> dict:
