@@ -1,4 +1,32 @@
-"""The DeepSpeed settings every DeepSpeed trainer shares, built from its `train` section."""
+"""What the DeepSpeed trainers (moe, dense) share: their train section, the DeepSpeed settings
+built from it, and the engine calls the training loop is given (save, load, learning rate)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .config import check
+from .schema import choice
+from .trainer_config import TrainConfig
+
+
+@dataclass
+class DeepSpeedTrainConfig(TrainConfig):
+    micro_batch: int = 8  # sequences per data-parallel rank per micro-batch
+    grad_accum: int = 1  # micro-batches per optimizer step
+    warmup_steps: int = 10  # linear warm-up, then linear decay to 0 at `steps` (DeepSpeed WarmupDecayLR)
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    zero_stage: int = choice(0, 1, 2)  # dense: 0-1 with a pipeline
+    precision: str = choice("fp32", "bf16")
+
+
+def check_deepspeed_train(t) -> None:
+    """The checks of the fields `DeepSpeedTrainConfig` adds (`check_trainer` checks the rest)."""
+    for key in ("micro_batch", "grad_accum"):
+        check(t[key] >= 1, f"train.{key}", f"must be >= 1, got {t[key]}")
+    check(t.warmup_steps >= 0, "train.warmup_steps", f"must be >= 0 (0: no warm-up), got {t.warmup_steps}")
+    check(t.grad_clip >= 0, "train.grad_clip", f"must be >= 0 (0: no clipping), got {t.grad_clip}")
 
 
 def deepspeed_config(t) -> dict:
@@ -22,3 +50,18 @@ def deepspeed_config(t) -> dict:
         "bf16": {"enabled": t.precision == "bf16"},
         "steps_per_print": 10**9,  # we print our own line
     }
+
+
+def save_engine(engine, ckpt_dir: str, tag: str, step: int) -> None:
+    """Every rank writes its files of checkpoint `tag`; DeepSpeed's save ends with a barrier, so on
+    return every rank's files are complete (the loop then points `latest` at it)."""
+    engine.save_checkpoint(ckpt_dir, tag=tag, client_state={"step": step}, save_latest=False)
+
+
+def load_engine(engine, ckpt_dir: str, tag: str) -> None:
+    engine.load_checkpoint(ckpt_dir, tag=tag)
+
+
+def engine_lr(engine) -> float:
+    """The learning rate the step line shows (the scheduler's, first parameter group)."""
+    return engine.get_lr()[0]

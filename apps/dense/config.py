@@ -11,11 +11,11 @@ import os
 from dataclasses import dataclass, field
 from typing import Optional
 
-from apps.common.checkpoint import CheckpointConfig
-from apps.common.comm import CommConfig, check_comm
 from apps.common.config import ConfigError, check, choice
 from apps.common.data import DataConfig, check_data
+from apps.common.deepspeed_config import DeepSpeedTrainConfig, check_deepspeed_train
 from apps.common.parallel_dims import ParallelDims
+from apps.common.trainer_config import TrainerConfig, check_trainer
 from apps.dense.model import ModelConfig
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -32,37 +32,13 @@ class ParallelConfig:
 
 
 @dataclass
-class TrainConfig:
-    steps: int = 100
-    micro_batch: int = 8  # sequences per data-parallel rank per micro-batch
-    grad_accum: int = 1  # micro-batches per step (with a pipeline: the 1F1B micro-batches)
-    lr: float = 1e-3
-    warmup_steps: int = 10  # linear warm-up, then linear decay to 0 at `steps` (DeepSpeed WarmupDecayLR)
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    zero_stage: int = choice(0, 1, 2)  # 0-1 with a pipeline, 0-2 without
-    precision: str = choice("fp32", "bf16")
-    seed: int = 1234
-    threads: int = 0  # torch threads per rank (0: cores / ranks on this node)
-    stop_after: int = 0  # end this run after N steps (0: run to `steps`); resume=true continues
-
-
-@dataclass
-class DenseConfig:
-    name: str = "dense"  # run directory: <out_dir>/<name>
-    out_dir: str = "runs"
-    resume: bool = False  # continue from <out_dir>/<name>/checkpoints/latest when there is one
+class DenseConfig(TrainerConfig):  # name, out_dir, resume, comm, checkpoint, log_interval, eval_interval, ...
+    name: str = "dense"
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    comm: CommConfig = field(default_factory=CommConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    log_interval: int = 10
-    eval_interval: int = 0  # validation loss every N steps (0: only at the end)
+    train: DeepSpeedTrainConfig = field(default_factory=DeepSpeedTrainConfig)  # grad_accum: the 1F1B micro-batches
     eval_iters: int = 4  # validation batches per evaluation
-    progress: bool = True  # a progress bar on rank 0 when its output is a terminal (else the step lines alone)
-    wandb: str = choice("offline", "online", "disabled")
 
 
 def num_pipeline_layers(model: ModelConfig) -> int:
@@ -119,14 +95,10 @@ def validate(cfg, world_size: int) -> ParallelDims:
         )
         check(os.path.isfile(p.cluster), "parallel.cluster", f"no such file {p.cluster!r}; give a bapipe cluster file")
         _check_planner_inputs(p, layers, pp * dims.dp)
-    for key in ("steps", "micro_batch", "grad_accum"):
-        check(t[key] >= 1, f"train.{key}", f"must be >= 1, got {t[key]}")
-    check(t.stop_after >= 0, "train.stop_after", f"must be >= 0, got {t.stop_after}")
-    check(cfg.log_interval >= 1, "log_interval", f"must be >= 1, got {cfg.log_interval}")
     check(cfg.eval_iters >= 1, "eval_iters", f"must be >= 1, got {cfg.eval_iters}")
-    check(cfg.checkpoint.interval >= 0, "checkpoint.interval", f"must be >= 0, got {cfg.checkpoint.interval}")
     check_data(cfg.data, m.vocab_size)
-    check_comm(cfg.comm)
+    check_trainer(cfg)
+    check_deepspeed_train(t)
     return dims
 
 

@@ -5,8 +5,9 @@ layers, data parallel (and ZeRO) across model replicas; every collective through
 
 Read top to bottom: config (all checks before any process group) -> communication and the
 tensor/pipeline/data-parallel groups -> model (this rank's pipeline stage, its tensor-parallel
-slice) -> DeepSpeed engine -> resume -> training loop with metrics, validation and checkpoints
--> communication table.
+slice) -> DeepSpeed engine -> resume -> the training loop every trainer shares (apps.common.loop:
+metrics, validation, checkpoints), given this file's step, evaluation and save -> summary and
+communication table.
 """
 
 from __future__ import annotations
@@ -15,16 +16,18 @@ import json
 import os
 import socket
 import sys
-import time
+from functools import partial
 
 import torch
 
-from apps.common.checkpoint import latest_tag, mark_latest, step_of, tag_for
-from apps.common.comm import comm_seconds, finalize_comm, setup_deepspeed_comm
-from apps.common.config import load_config, save_resolved, to_dict, write_atomic
+from apps.common.checkpoint import latest_tag
+from apps.common.comm import finalize_comm, setup_deepspeed_comm
+from apps.common.config import load_config, save_resolved, write_atomic
 from apps.common.data import TokenBatches
 from apps.common.deepspeed_config import deepspeed_config as shared_deepspeed_config
-from apps.common.metrics import LM_FIELDS, Meter, MetricsLog
+from apps.common.deepspeed_config import engine_lr, load_engine, save_engine
+from apps.common.loop import TrainLoop, all_ranks_mean, resume
+from apps.common.metrics import LM_FIELDS
 from apps.common.seed import seed_step
 from apps.dense.config import LAYOUT_FILE, DenseConfig, check_resume_layout, checkpoint_layout, validate
 from apps.dense.model import GPT, TensorParallel, count_params, layer_specs, lm_loss
@@ -86,6 +89,46 @@ def banner(cfg, dims, engine, params, parts, start, end, run_dir) -> str:
     )
 
 
+def batches(engine, data, first: int, count: int, split: str = "train") -> list:
+    return [tuple(v.to(engine.device) for v in data.get(first + i, split)) for i in range(count)]
+
+
+def train_step(engine, data, cfg, pipelined: bool, groups, step: int) -> dict:
+    """One optimizer step over grad_accum micro-batches: their mean loss."""
+    t = cfg.train
+    seed_step(t.seed, step, groups.coords.dp)  # the TP and PP ranks of a replica draw alike
+    micro = batches(engine, data, (step - 1) * t.grad_accum, t.grad_accum)
+    if pipelined:  # 1F1B over the micro-batches; the loss arrives on every stage
+        return {"loss": engine.train_batch(iter(micro)).item()}
+    total = 0.0
+    for x, y in micro:
+        loss = lm_loss(engine(x), y, groups.tp)
+        engine.backward(loss)
+        engine.step()
+        total += loss.item() / t.grad_accum
+    return {"loss": total}
+
+
+def evaluate(engine, data, iters: int, pipelined: bool, tp_group) -> dict:
+    val = batches(engine, data, 0, iters, "val")
+    if pipelined:
+        loss = engine.eval_batch(iter(val), num_micro_batches=len(val)).item()
+    else:
+        engine.eval()
+        with torch.no_grad():
+            loss = sum(lm_loss(engine(x), y, tp_group).item() for x, y in val) / len(val)
+        engine.train()
+    return {"val_loss": all_ranks_mean([loss])[0]}  # TP and PP ranks agree; the mean is over replicas
+
+
+def save_checkpoint(engine, ckpt_dir: str, layout: dict, rank: int, tag: str, step: int) -> None:
+    """DeepSpeed's save (each rank its TP/PP shard), then the layout it was cut with, which a
+    resume checks before loading (apps.dense.config.check_resume_layout)."""
+    save_engine(engine, ckpt_dir, tag, step)
+    if rank == 0:  # save_engine ends with a barrier: every rank's shard is complete
+        write_atomic(os.path.join(ckpt_dir, tag, LAYOUT_FILE), json.dumps(layout, indent=1))
+
+
 def main(argv=None) -> dict:
     # 1. Config: every check that needs no process group happens here.
     cfg = load_config(DenseConfig, sys.argv[1:] if argv is None else argv)
@@ -105,7 +148,7 @@ def main(argv=None) -> dict:
     from deepspeed.pipe import LayerSpec
     from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     groups = dims.build_groups(rank)
     topology = PipeModelDataParallelTopology(num_pp=dims.pp, num_mp=dims.tp, num_dp=dims.dp)
     resuming = cfg.resume and latest_tag(ckpt_dir) is not None
@@ -128,7 +171,7 @@ def main(argv=None) -> dict:
             [LayerSpec(cls, *args) for cls, args in specs],
             parts,
             topology=topology,
-            loss_fn=lambda logits, targets: lm_loss(logits, targets, groups.tp),
+            loss_fn=partial(lm_loss, group=groups.tp),  # the loss over the last stage's vocab slices
         )
         parts = [int(v) for v in model.parts]  # what DeepSpeed built
     else:
@@ -141,117 +184,37 @@ def main(argv=None) -> dict:
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=list(model.parameters()), config=ds_config, mpu=mpu
     )
-    device = engine.device
 
     # 5. Resume from the latest complete checkpoint (each rank loads its TP/PP shard).
-    start = 0
-    tag = latest_tag(ckpt_dir) if cfg.resume else None
-    if tag is not None:
-        engine.load_checkpoint(ckpt_dir, tag=tag)
-        start = step_of(tag)
-    end = min(cfg.train.steps, start + cfg.train.stop_after) if cfg.train.stop_after else cfg.train.steps
+    start = resume(cfg, ckpt_dir, partial(load_engine, engine, ckpt_dir))
 
     # 6. Data (each data-parallel replica reads its own batches, its TP and PP ranks the same
-    #    ones), metrics, and where this rank's layers are.
-    t, replica = cfg.train, groups.coords.dp
-    data = TokenBatches(cfg.data, cfg.model.vocab_size, cfg.model.seq_len, t.micro_batch, t.seed, replica)
+    #    ones), the loop with its meter and metrics log, and where this rank's layers are.
+    t, c = cfg.train, groups.coords
+    data = TokenBatches(cfg.data, cfg.model.vocab_size, cfg.model.seq_len, t.micro_batch, t.seed, c.dp)
     samples_per_step = t.micro_batch * t.grad_accum * dims.dp
-    warmup = max(1, (end - start) // 10)  # the first steps warm up; the summary skips them
-    meter = Meter(warmup, tokens=samples_per_step * cfg.model.seq_len, samples=samples_per_step)
-    log = MetricsLog(
-        run_dir,
-        rank,
-        t.steps,
-        wandb_mode=cfg.wandb,
-        run_name=cfg.name,
-        config=to_dict(cfg),
-        resume=start > 0,
-        progress=cfg.progress,
-        start_step=start,
-        fields=LM_FIELDS,
+    loop = TrainLoop(
+        cfg, run_dir, start, LM_FIELDS, tokens=samples_per_step * cfg.model.seq_len, samples=samples_per_step
     )
-    c = groups.coords
     host = socket.gethostname()  # on a cluster: which node holds these layers (a TP group should share one)
     placement = {"rank": rank, "host": host, "stage": c.pp, "data": c.dp, "tensor": c.tp, "layers": held}
     write_atomic(os.path.join(run_dir, "placement", f"rank{rank}.json"), json.dumps(placement))
     if rank == 0 and dims.pp_enabled:
         partition = {"method": cfg.parallel.partition, "parts": parts, "plan": plan}
         write_atomic(os.path.join(run_dir, "partition.json"), json.dumps(partition, indent=1))
-    log.print(banner(cfg, dims, engine, count_params(model, dims.tp), parts, start, end, run_dir))
+    loop.log.print(banner(cfg, dims, engine, count_params(model, dims.tp), parts, start, loop.end, run_dir))
 
-    def all_ranks_mean(values):
-        buf = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(buf)
-        return (buf / world).tolist()
-
-    def batches(first, count, split="train"):
-        return [tuple(v.to(device) for v in data.get(first + i, split)) for i in range(count)]
-
-    def train_step(step):
-        """One optimizer step over grad_accum micro-batches; returns their mean loss."""
-        micro = batches((step - 1) * t.grad_accum, t.grad_accum)
-        if dims.pp_enabled:  # 1F1B over the micro-batches; the loss arrives on every stage
-            return engine.train_batch(iter(micro)).item()
-        total = 0.0
-        for x, y in micro:
-            loss = lm_loss(engine(x), y, groups.tp)
-            engine.backward(loss)
-            engine.step()
-            total += loss.item() / t.grad_accum
-        return total
-
-    def evaluate():
-        val = batches(0, cfg.eval_iters, "val")
-        if dims.pp_enabled:
-            loss = engine.eval_batch(iter(val), num_micro_batches=len(val)).item()
-        else:
-            engine.eval()
-            with torch.no_grad():
-                loss = sum(lm_loss(engine(x), y, groups.tp).item() for x, y in val) / len(val)
-            engine.train()
-        return all_ranks_mean([loss])[0]  # TP and PP ranks agree; the mean is over replicas
-
-    def save_checkpoint(step):
-        engine.save_checkpoint(ckpt_dir, tag=tag_for(step), client_state={"step": step}, save_latest=False)
-        if rank == 0:  # save_checkpoint ends with a barrier: every rank's shard is complete
-            layout = json.dumps(checkpoint_layout(cfg, dims), indent=1)
-            write_atomic(os.path.join(ckpt_dir, tag_for(step), LAYOUT_FILE), layout)
-            mark_latest(ckpt_dir, tag_for(step), keep=cfg.checkpoint.keep)
-
-    # 7. Training loop.
-    loss_sum, seen = 0.0, 0
-    started = time.perf_counter()
-    for step in range(start + 1, end + 1):
-        seed_step(t.seed, step, replica)  # the TP and PP ranks of a replica draw alike
-        comm0, t0 = comm_seconds(), time.perf_counter()
-        loss_sum += train_step(step)
-        seconds = time.perf_counter() - t0
-        comm = None if comm0 is None else comm_seconds() - comm0
-        meter.step(seconds, comm)
-        seen += 1
-        log.advance()
-
-        if step % cfg.log_interval == 0 or step == end:
-            values = {"loss": all_ranks_mean([loss_sum / seen])[0], **meter.interval(), "lr": engine.get_lr()[0]}
-            if (cfg.eval_interval and step % cfg.eval_interval == 0) or step == cfg.train.steps:
-                values["val_loss"] = evaluate()
-            log.write(step, **values)
-            loss_sum, seen = 0.0, 0
-        if cfg.checkpoint.enabled and (
-            (cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0) or step == end
-        ):
-            save_checkpoint(step)
+    # 7. Training: the loop decides when to log, evaluate, checkpoint and stop (apps.common.loop).
+    loop.run(
+        train_step=partial(train_step, engine, data, cfg, dims.pp_enabled, groups),
+        evaluate=partial(evaluate, engine, data, cfg.eval_iters, dims.pp_enabled, groups.tp),
+        ckpt_dir=ckpt_dir,
+        save=partial(save_checkpoint, engine, ckpt_dir, checkpoint_layout(cfg, dims), rank),
+        lr=partial(engine_lr, engine),
+    )
 
     # 8. Summary (rank 0 prints it and writes summary.json), the communication table, shutdown.
-    summary = meter.summary(
-        steps=end - start,
-        world_size=world,
-        parallel=str(dims),
-        comm_backend=to_dict(cfg.comm)["backend"],
-        wall_s=time.perf_counter() - started,
-        threads=torch.get_num_threads(),
-    )
-    log.close(summary)
+    summary = loop.finish(parallel=str(dims), threads=torch.get_num_threads())
     dist.barrier()
     finalize_comm()
     return summary

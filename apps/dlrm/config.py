@@ -8,9 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from apps.common.checkpoint import CheckpointConfig
-from apps.common.comm import CommConfig, check_comm
-from apps.common.config import ConfigError, check, choice
+from apps.common.config import ConfigError, check
+from apps.common.trainer_config import TrainConfig, TrainerConfig, check_trainer
 from apps.dlrm.data import DataConfig, check_data
 from apps.dlrm.model import ModelConfig, table_names
 
@@ -27,34 +26,22 @@ class ShardingConfig:
 
 
 @dataclass
-class TrainConfig:
-    steps: int = 100
-    batch_size: int = 512  # samples per rank per step
+class DLRMTrainConfig(TrainConfig):  # steps, lr, seed, threads, stop_after
     lr: float = 0.05  # the dense part's Adagrad
+    batch_size: int = 512  # samples per rank per step
     embedding_lr: float = 0.05  # the tables' row-wise Adagrad, fused into the backward
     eps: float = 1e-8
-    seed: int = 1234
-    threads: int = 0  # torch threads per rank (0: cores / ranks on this node)
     pipeline: bool = True  # TorchRec's TrainPipelineSparseDist (input exchange overlaps compute)
-    stop_after: int = 0  # end this run after N steps (0: run to `steps`); resume=true continues
 
 
 @dataclass
-class DLRMConfig:
-    name: str = "dlrm"  # run directory: <out_dir>/<name>
-    out_dir: str = "runs"
-    resume: bool = False  # continue from <out_dir>/<name>/checkpoints/latest when there is one
+class DLRMConfig(TrainerConfig):  # name, out_dir, resume, comm, checkpoint, log_interval, eval_interval, ...
+    name: str = "dlrm"
     model: ModelConfig = field(default_factory=ModelConfig)
     sharding: ShardingConfig = field(default_factory=ShardingConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    comm: CommConfig = field(default_factory=CommConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    log_interval: int = 10
-    eval_interval: int = 0  # held-out log loss and AUC every N steps (0: only at the end)
-    eval_batches: int = 4  # held-out batches per rank per evaluation
-    progress: bool = True  # a progress bar on rank 0 when its output is a terminal (else the step lines alone)
-    wandb: str = choice("offline", "online", "disabled")
+    train: DLRMTrainConfig = field(default_factory=DLRMTrainConfig)
+    eval_batches: int = 4  # held-out batches per rank per evaluation (log loss and AUC)
 
 
 def sharding_types(cfg) -> dict:
@@ -100,14 +87,9 @@ def validate(cfg) -> None:
         "model.over_arch_layer_sizes",
         f"the last size must be 1 (the click logit), got {list(m.over_arch_layer_sizes)}",
     )
-    for key in ("steps", "batch_size"):
-        check(t[key] >= 1, f"train.{key}", f"must be >= 1, got {t[key]}")
-    for key in ("lr", "embedding_lr", "eps"):
+    check(t.batch_size >= 1, "train.batch_size", f"must be >= 1, got {t.batch_size}")
+    for key in ("embedding_lr", "eps"):
         check(t[key] > 0, f"train.{key}", f"must be > 0, got {t[key]}")
-    check(t.stop_after >= 0, "train.stop_after", f"must be >= 0, got {t.stop_after}")
-    check(cfg.log_interval >= 1, "log_interval", f"must be >= 1, got {cfg.log_interval}")
     check(cfg.eval_batches >= 1, "eval_batches", f"must be >= 1, got {cfg.eval_batches}")
-    check(cfg.eval_interval >= 0, "eval_interval", f"must be >= 0, got {cfg.eval_interval}")
-    check(cfg.checkpoint.interval >= 0, "checkpoint.interval", f"must be >= 0, got {cfg.checkpoint.interval}")
     check_data(cfg.data)
-    check_comm(cfg.comm)
+    check_trainer(cfg)

@@ -6,8 +6,9 @@ all-to-all, reduce-scatter and all-reduce through the mcr runtime (torch backend
 Read top to bottom, in the order of TorchRec's DLRM example: config (all checks before any
 process group) -> model with its tables on the meta device -> sparse optimizer fused into the
 backward -> sharding plan (a table that does not fit fails here) -> communication ->
-DistributedModelParallel -> tables and dense optimizer -> resume -> TrainPipelineSparseDist
-loop with held-out log loss and AUC, checkpoints -> summary and communication table.
+DistributedModelParallel -> tables and dense optimizer -> resume -> the training loop every
+trainer shares (apps.common.loop), given this file's TrainPipelineSparseDist step, held-out log
+loss and AUC, and torch.distributed.checkpoint save -> summary and communication table.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import itertools
 import json
 import os
 import sys
-import time
+from functools import partial
 
 import torch
 import torch.distributed as dist
@@ -32,10 +33,10 @@ from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 
-from apps.common.checkpoint import latest_tag, mark_latest, step_of, tag_for
-from apps.common.comm import comm_seconds, finalize_comm, setup_torch_comm
-from apps.common.config import ConfigError, load_config, save_resolved, to_dict, write_atomic
-from apps.common.metrics import STEP_TIME, UNIT_TEXT, Meter, MetricsLog
+from apps.common.comm import finalize_comm, setup_torch_comm
+from apps.common.config import ConfigError, load_config, save_resolved, write_atomic
+from apps.common.loop import TrainLoop, all_ranks_sum, resume
+from apps.common.metrics import STEP_TIME, UNIT_TEXT
 from apps.dlrm.config import DLRMConfig, sharding_types, validate
 from apps.dlrm.data import make_data
 from apps.dlrm.model import build_model, init_tables, table_rows
@@ -116,6 +117,69 @@ def without_empty_shards(state):
     }
 
 
+def banner(cfg, model, kinds, device, start: int, end: int, run_dir: str) -> str:
+    """The run's first line on rank 0: what runs where."""
+    t, world = cfg.train, dist.get_world_size()
+    tuning = f" tuned by {cfg.comm.tuning}" if cfg.comm.tuning else ""
+    return (
+        f"dlrm: {world} ranks on {device.type}, comm mcr {cfg.comm.backend}{tuning}; "
+        f"{type(model.module.model).__name__} 26 tables x {cfg.model.embedding_dim} dims, "
+        f"{sum(table_rows(cfg.model)):,} rows; sharding {', '.join(kinds)}; batch {t.batch_size}/rank; "
+        f"{cfg.data.kind} data; {'resuming at step ' + str(start) if start else 'starting'} -> {end}; run dir {run_dir}"
+    )
+
+
+def checkpoint_state(model, optimizer) -> dict:
+    return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+
+
+def load_checkpoint(model, optimizer, ckpt_dir: str, tag: str) -> None:
+    """torch.distributed.checkpoint reads each rank's shards of the tables and of the fused
+    optimizer state into the live tensors."""
+    state = checkpoint_state(model, optimizer)
+    dcp.load(without_empty_shards(state), checkpoint_id=os.path.join(ckpt_dir, tag))
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+
+
+def save_checkpoint(model, optimizer, ckpt_dir: str, tag: str, step: int) -> None:
+    """Each rank writes its shards; dcp.save returns on the coordinator (rank 0) only after every
+    rank's files are written, as the loop needs before it points `latest` here."""
+    dcp.save(checkpoint_state(model, optimizer), checkpoint_id=os.path.join(ckpt_dir, tag))
+
+
+def train_step(model, optimizer, pipeline, batches, device, step: int) -> dict:
+    """One step on the next batch of `batches`: this rank's loss."""
+    if pipeline is not None:
+        loss, _, _ = pipeline.progress(batches)
+        return {"loss": loss.item()}
+    batch = next(batches).to(device)
+    optimizer.zero_grad()
+    loss, _ = model(batch)
+    loss.backward()
+    optimizer.step()
+    return {"loss": loss.detach().item()}
+
+
+def evaluate(model, pipeline, data, eval_batches: int, device) -> dict:
+    """Held-out log loss and AUC (torchmetrics' BinaryAUROC gathers every rank's predictions)."""
+    net = pipeline.detach() if pipeline is not None else model  # TorchRec's own forward, not the pipeline's
+    net.eval()
+    auroc = BinaryAUROC().to(device)
+    loss_sum = count = 0.0
+    with torch.no_grad():
+        for batch in itertools.islice(data.batches("val"), eval_batches):
+            _, (_, logits, labels) = net(batch.to(device))
+            labels = labels.float()  # TorchRec's Criteo readers give int labels
+            loss_sum += F.binary_cross_entropy_with_logits(logits, labels, reduction="sum").item()
+            count += len(labels)
+            auroc.update(torch.sigmoid(logits), labels.long())
+    auc = auroc.compute().item()
+    net.train()
+    loss_sum, count = all_ranks_sum([loss_sum, count])
+    return {"val_loss": loss_sum / count, "auc": auc}
+
+
 def main(argv=None) -> dict:
     # 1. Config: every check that needs no process group happens here.
     cfg = load_config(DLRMConfig, sys.argv[1:] if argv is None else argv)
@@ -172,128 +236,33 @@ def main(argv=None) -> dict:
     # 6. Optimizers: the fused table optimizer and Adagrad on the dense part, one optimizer.
     dense_optimizer = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(model.named_parameters())),
-        lambda params: torch.optim.Adagrad(params, lr=t.lr, eps=t.eps),
+        partial(torch.optim.Adagrad, lr=t.lr, eps=t.eps),  # given the dense parameters
     )
     optimizer = CombinedOptimizer([model.fused_optimizer, dense_optimizer])
 
-    # 7. Resume from the latest complete checkpoint: torch.distributed.checkpoint reads each
-    #    rank's shards of the tables and of the fused optimizer state into the live tensors.
-    def checkpoint_state():
-        return {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    # 7. Resume from the latest complete checkpoint (start: its step, 0 without one).
+    start = resume(cfg, ckpt_dir, partial(load_checkpoint, model, optimizer, ckpt_dir))
 
-    start = 0
-    tag = latest_tag(ckpt_dir) if cfg.resume else None
-    if tag is not None:
-        state = checkpoint_state()
-        dcp.load(without_empty_shards(state), checkpoint_id=os.path.join(ckpt_dir, tag))
-        model.load_state_dict(state["model"])
-        optimizer.load_state_dict(state["optimizer"])
-        start = step_of(tag)
-    end = min(t.steps, start + t.stop_after) if t.stop_after else t.steps
-
-    # 8. Data, metrics, the pipeline. TrainPipelineSparseDist starts batch i+1's input
-    #    all-to-all while batch i computes; on CPU it runs without CUDA streams.
+    # 8. Data, the loop with its meter and metrics log, the pipeline. TrainPipelineSparseDist
+    #    starts batch i+1's input all-to-all while batch i computes; on CPU it runs without CUDA
+    #    streams.
     data = make_data(cfg.data, table_rows(cfg.model), t.batch_size, t.seed, rank, world)
-    warmup = max(1, (end - start) // 10)  # the first steps warm up; the summary skips them
-    meter = Meter(warmup, samples=t.batch_size * world)
-    log = MetricsLog(
-        run_dir,
-        rank,
-        t.steps,
-        wandb_mode=cfg.wandb,
-        run_name=cfg.name,
-        config=to_dict(cfg),
-        resume=start > 0,
-        progress=cfg.progress,
-        start_step=start,
-        fields=DLRM_FIELDS,
-    )
+    loop = TrainLoop(cfg, run_dir, start, DLRM_FIELDS, samples=t.batch_size * world)
     kinds = sorted({p["sharding_type"] for p in applied.values()})
-    log.print(
-        f"dlrm: {world} ranks on {device.type}, comm mcr {cfg.comm.backend}"
-        f"{' tuned by ' + cfg.comm.tuning if cfg.comm.tuning else ''}; {type(model.module.model).__name__} "
-        f"26 tables x {cfg.model.embedding_dim} dims, {sum(table_rows(cfg.model)):,} rows; sharding "
-        f"{', '.join(kinds)}; batch {t.batch_size}/rank; {cfg.data.kind} data; "
-        f"{'resuming at step ' + str(start) if start else 'starting'} -> {end}; run dir {run_dir}"
-    )
-    log.print("sharding plan (TorchRec's, as applied; full plan in sharding_plan.txt):\n" + plan_lines(applied))
+    loop.log.print(banner(cfg, model, kinds, device, start, loop.end, run_dir))
+    loop.log.print("sharding plan (TorchRec's, as applied; full plan in sharding_plan.txt):\n" + plan_lines(applied))
     pipeline = TrainPipelineSparseDist(model, optimizer, device) if t.pipeline else None
 
-    def train_step(batch_iter):
-        if pipeline is not None:
-            loss, _, _ = pipeline.progress(batch_iter)
-            return loss
-        batch = next(batch_iter).to(device)
-        optimizer.zero_grad()
-        loss, _ = model(batch)
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
-
-    def all_ranks_sum(values):
-        buf = torch.tensor(values, dtype=torch.float64)
-        dist.all_reduce(buf)
-        return buf.tolist()
-
-    def evaluate():
-        """Held-out log loss and AUC (torchmetrics' BinaryAUROC gathers every rank's predictions)."""
-        net = pipeline.detach() if pipeline is not None else model  # TorchRec's own forward, not the pipeline's
-        net.eval()
-        auroc = BinaryAUROC().to(device)
-        loss_sum = count = 0.0
-        with torch.no_grad():
-            for batch in itertools.islice(data.batches("val"), cfg.eval_batches):
-                _, (_, logits, labels) = net(batch.to(device))
-                labels = labels.float()  # TorchRec's Criteo readers give int labels
-                loss_sum += F.binary_cross_entropy_with_logits(logits, labels, reduction="sum").item()
-                count += len(labels)
-                auroc.update(torch.sigmoid(logits), labels.long())
-        auc = auroc.compute().item()
-        net.train()
-        loss_sum, count = all_ranks_sum([loss_sum, count])
-        return {"val_loss": loss_sum / count, "auc": auc}
-
-    def save_checkpoint(step):
-        dcp.save(checkpoint_state(), checkpoint_id=os.path.join(ckpt_dir, tag_for(step)))
-        if rank == 0:  # dcp.save returns on the coordinator after every rank's files are written
-            mark_latest(ckpt_dir, tag_for(step), keep=cfg.checkpoint.keep)
-
-    # 9. Training loop.
-    batches = data.batches("train", start)
-    loss_sum, seen = 0.0, 0
-    started = time.perf_counter()
-    for step in range(start + 1, end + 1):
-        comm0, t0 = comm_seconds(), time.perf_counter()
-        loss = train_step(batches)
-        loss_sum += loss.item()
-        seconds = time.perf_counter() - t0
-        comm = None if comm0 is None else comm_seconds() - comm0
-        meter.step(seconds, comm)
-        seen += 1
-        log.advance()
-
-        if step % cfg.log_interval == 0 or step == end:
-            values = {"loss": all_ranks_sum([loss_sum / seen])[0] / world, **meter.interval()}
-            if (cfg.eval_interval and step % cfg.eval_interval == 0) or step == t.steps:
-                values.update(evaluate())
-            log.write(step, **values)
-            loss_sum, seen = 0.0, 0
-        if cfg.checkpoint.enabled and (
-            (cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0) or step == end
-        ):
-            save_checkpoint(step)
-
-    # 10. Summary, the communication table, shutdown.
-    summary = meter.summary(
-        steps=end - start,
-        world_size=world,
-        comm_backend=to_dict(cfg.comm)["backend"],
-        wall_s=time.perf_counter() - started,
-        sharding=kinds,
-        model=type(model.module.model).__name__,
-        data=cfg.data.kind,
+    # 9. Training: the loop decides when to log, evaluate, checkpoint and stop (apps.common.loop).
+    loop.run(
+        train_step=partial(train_step, model, optimizer, pipeline, data.batches("train", start), device),
+        evaluate=partial(evaluate, model, pipeline, data, cfg.eval_batches, device),
+        ckpt_dir=ckpt_dir,
+        save=partial(save_checkpoint, model, optimizer, ckpt_dir),
     )
-    log.close(summary)  # rank 0 prints its line and writes summary.json
+
+    # 10. Summary (rank 0 prints it and writes summary.json), the communication table, shutdown.
+    summary = loop.finish(sharding=kinds, model=type(model.module.model).__name__, data=cfg.data.kind)
     dist.barrier()
     finalize_comm()
     return summary

@@ -3,8 +3,9 @@
     python -m launch.local -n 2 -m apps.moe --config configs/moe/default.yaml [key=value ...]
 
 Read top to bottom: config (all checks before any process group) -> communication (through
-the mcr runtime) -> model -> DeepSpeed engine -> resume -> training loop with metrics,
-validation and checkpoints -> communication table.
+the mcr runtime) -> model -> DeepSpeed engine -> resume -> the training loop every trainer
+shares (apps.common.loop: metrics, validation, checkpoints), given this file's step and
+evaluation -> summary and communication table.
 """
 
 from __future__ import annotations
@@ -12,16 +13,16 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
+from functools import partial
 
 import torch
 
-from apps.common.checkpoint import latest_tag, mark_latest, step_of, tag_for
-from apps.common.comm import comm_seconds, finalize_comm, setup_deepspeed_comm
-from apps.common.config import load_config, save_resolved, to_dict, write_atomic
+from apps.common.comm import finalize_comm, setup_deepspeed_comm
+from apps.common.config import load_config, save_resolved, write_atomic
 from apps.common.data import TokenBatches
-from apps.common.deepspeed_config import deepspeed_config
-from apps.common.metrics import LM_FIELDS, Meter, MetricsLog
+from apps.common.deepspeed_config import deepspeed_config, engine_lr, load_engine, save_engine
+from apps.common.loop import TrainLoop, all_ranks_mean, resume
+from apps.common.metrics import LM_FIELDS
 from apps.common.seed import seed_step
 from apps.moe.config import MoEConfig, validate
 from apps.moe.model import GPTMoE, count_params, lm_loss
@@ -42,15 +43,25 @@ def banner(cfg, dims, engine, model, start, end, run_dir) -> str:
     )
 
 
-def all_ranks_mean(values: list, world: int) -> list:
-    import deepspeed.comm as dist
+def train_step(engine, data, cfg, rank: int, step: int) -> dict:
+    """One optimizer step over grad_accum micro-batches: this rank's mean LM and auxiliary losses."""
+    t = cfg.train
+    # Reseed per step: random token selection and dropout draw the same numbers whether the
+    # run was interrupted or not, so a resumed run follows the same loss curve.
+    seed_step(t.seed, step, rank)
+    lm_sum = aux_sum = 0.0
+    for micro in range(t.grad_accum):
+        x, y = data.get((step - 1) * t.grad_accum + micro)
+        logits, aux = engine(x.to(engine.device))
+        lm = lm_loss(logits, y.to(engine.device))
+        engine.backward(lm + cfg.model.aux_loss_coef * aux)
+        engine.step()
+        lm_sum += lm.item() / t.grad_accum
+        aux_sum += aux.item() / t.grad_accum
+    return {"loss": lm_sum, "aux_loss": aux_sum}
 
-    buf = torch.tensor(values, dtype=torch.float64)
-    dist.all_reduce(buf)
-    return (buf / world).tolist()
 
-
-def evaluate(engine, data, iters: int, world: int) -> float:
+def evaluate(engine, data, iters: int) -> dict:
     """Validation loss, averaged over `iters` held-out batches and over the ranks."""
     engine.eval()
     with torch.no_grad():
@@ -59,13 +70,7 @@ def evaluate(engine, data, iters: int, world: int) -> float:
             for x, y in (data.get(i, "val") for i in range(iters))
         ]
     engine.train()
-    return all_ranks_mean([sum(losses) / len(losses)], world)[0]
-
-
-def save_checkpoint(engine, ckpt_dir: str, step: int, keep: int, rank: int) -> None:
-    engine.save_checkpoint(ckpt_dir, tag=tag_for(step), client_state={"step": step}, save_latest=False)
-    if rank == 0:  # save_checkpoint ends with a barrier: every rank's files are complete
-        mark_latest(ckpt_dir, tag_for(step), keep=keep)
+    return {"val_loss": all_ranks_mean([sum(losses) / len(losses)])[0]}
 
 
 def main(argv=None) -> dict:
@@ -102,77 +107,30 @@ def main(argv=None) -> dict:
         {"params": list(model.parameters()), "name": "params"}
     )
     engine, _, _, _ = deepspeed.initialize(model=model, model_parameters=param_groups, config=ds_config)
-    device = engine.device
 
-    # 5. Resume from the latest complete checkpoint.
-    start = 0
-    tag = latest_tag(ckpt_dir) if cfg.resume else None
-    if tag is not None:
-        engine.load_checkpoint(ckpt_dir, tag=tag)
-        start = step_of(tag)
-    end = min(cfg.train.steps, start + cfg.train.stop_after) if cfg.train.stop_after else cfg.train.steps
+    # 5. Resume from the latest complete checkpoint (start: its step, 0 without one).
+    start = resume(cfg, ckpt_dir, partial(load_engine, engine, ckpt_dir))
 
-    # 6. Data, metrics.
+    # 6. Data; the loop with its throughput meter and metrics log.
     t = cfg.train
     data = TokenBatches(cfg.data, cfg.model.vocab_size, cfg.model.seq_len, t.micro_batch, t.seed, rank)
     samples_per_step = t.micro_batch * t.grad_accum * world
-    warmup = max(1, (end - start) // 10)  # the first steps warm up; the summary skips them
-    meter = Meter(warmup, tokens=samples_per_step * cfg.model.seq_len, samples=samples_per_step)
-    log = MetricsLog(
-        run_dir,
-        rank,
-        t.steps,
-        wandb_mode=cfg.wandb,
-        run_name=cfg.name,
-        config=to_dict(cfg),
-        resume=start > 0,
-        progress=cfg.progress,
-        start_step=start,
-        fields=LM_FIELDS,
+    loop = TrainLoop(
+        cfg, run_dir, start, LM_FIELDS, tokens=samples_per_step * cfg.model.seq_len, samples=samples_per_step
     )
-    log.print(banner(cfg, dims, engine, model, start, end, run_dir))
+    loop.log.print(banner(cfg, dims, engine, model, start, loop.end, run_dir))
 
-    # 7. Training loop.
-    lm_sum = aux_sum = 0.0
-    seen = 0
-    started = time.perf_counter()
-    for step in range(start + 1, end + 1):
-        # Reseed per step: random token selection and dropout draw the same numbers whether the
-        # run was interrupted or not, so a resumed run follows the same loss curve.
-        seed_step(t.seed, step, rank)
-        comm0, t0 = comm_seconds(), time.perf_counter()
-        for micro in range(t.grad_accum):
-            x, y = data.get((step - 1) * t.grad_accum + micro)
-            logits, aux = engine(x.to(device))
-            lm = lm_loss(logits, y.to(device))
-            engine.backward(lm + cfg.model.aux_loss_coef * aux)
-            engine.step()
-            lm_sum += lm.item() / t.grad_accum
-            aux_sum += aux.item() / t.grad_accum
-        seconds = time.perf_counter() - t0
-        comm = None if comm0 is None else comm_seconds() - comm0
-        meter.step(seconds, comm)
-        seen += 1
-        log.advance()
-
-        if step % cfg.log_interval == 0 or step == end:
-            loss, aux_loss = all_ranks_mean([lm_sum / seen, aux_sum / seen], world)
-            values = {"loss": loss, "aux_loss": aux_loss, **meter.interval(), "lr": engine.get_lr()[0]}
-            if (cfg.eval_interval and step % cfg.eval_interval == 0) or step == cfg.train.steps:
-                values["val_loss"] = evaluate(engine, data, cfg.eval_iters, world)
-            log.write(step, **values)
-            lm_sum = aux_sum = 0.0
-            seen = 0
-        if cfg.checkpoint.enabled and (
-            (cfg.checkpoint.interval and step % cfg.checkpoint.interval == 0) or step == end
-        ):
-            save_checkpoint(engine, ckpt_dir, step, cfg.checkpoint.keep, rank)
+    # 7. Training: the loop decides when to log, evaluate, checkpoint and stop (apps.common.loop).
+    loop.run(
+        train_step=partial(train_step, engine, data, cfg, rank),
+        evaluate=partial(evaluate, engine, data, cfg.eval_iters),
+        ckpt_dir=ckpt_dir,
+        save=partial(save_engine, engine, ckpt_dir),
+        lr=partial(engine_lr, engine),
+    )
 
     # 8. Summary (rank 0 prints it and writes summary.json), the communication table, shutdown.
-    backend = to_dict(cfg.comm)["backend"]
-    wall_s, threads = time.perf_counter() - started, torch.get_num_threads()
-    summary = meter.summary(steps=end - start, world_size=world, comm_backend=backend, wall_s=wall_s, threads=threads)
-    log.close(summary)
+    summary = loop.finish(threads=torch.get_num_threads())
     dist.barrier()
     finalize_comm()
     return summary

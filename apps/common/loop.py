@@ -1,0 +1,140 @@
+"""The training loop every trainer runs. It decides when to log, evaluate, checkpoint, stop and
+where to resume; the trainer gives it what only the trainer knows: one optimizer step, an
+evaluation, and how to write (and read) a checkpoint.
+
+    start = resume(cfg, ckpt_dir, load)      # load(tag): restore checkpoint `tag`; 0 when none
+    loop = TrainLoop(cfg, run_dir, start, fields, tokens=..., samples=...)   # units per step
+    loop.log.print(banner)                   # the metrics log (rank 0 writes, see apps.common.metrics)
+    loop.run(train_step, evaluate, ckpt_dir, save, lr=...)
+    summary = loop.finish(**about)           # rank 0 prints it and writes summary.json
+
+`train_step(step)` returns this rank's losses for the step ({"loss": ...}); the loop averages them
+over the log interval and the ranks. `evaluate()` returns values every rank agrees on
+({"val_loss": ...}). `save(tag, step)` writes this rank's files of checkpoint `tag` and returns on
+rank 0 only once every rank's files are complete; rank 0 then points `latest` at it, so a job
+killed mid-save resumes from the previous complete checkpoint.
+
+Call it after communication is set up: ranks come from torch.distributed's default group.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import torch
+import torch.distributed as dist
+
+from .checkpoint import latest_tag, mark_latest, step_of, tag_for
+from .comm import comm_seconds
+from .config import to_dict
+from .metrics import Meter, MetricsLog
+
+
+def all_ranks_sum(values: list) -> list:
+    buf = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(buf)
+    return buf.tolist()
+
+
+def all_ranks_mean(values: list) -> list:
+    return [v / dist.get_world_size() for v in all_ranks_sum(values)]
+
+
+def resume(cfg, ckpt_dir: str, load: Callable[[str], None]) -> int:
+    """The step this run starts after: with resume=true and a complete checkpoint, `load(tag)`
+    restores it and its step is returned; else 0."""
+    tag = latest_tag(ckpt_dir) if cfg.resume else None
+    if tag is None:
+        return 0
+    load(tag)
+    return step_of(tag)
+
+
+def end_step(train, start: int) -> int:
+    """The last step of this run: train.steps, or earlier by train.stop_after (a job time limit)."""
+    return min(train.steps, start + train.stop_after) if train.stop_after else train.steps
+
+
+class TrainLoop:
+    """One run from `start` to its end: the throughput meter, the metrics log and the cadence."""
+
+    def __init__(self, cfg, run_dir: str, start: int, fields, **per_step: float):
+        self.cfg, self.start, self.end = cfg, start, end_step(cfg.train, start)
+        warmup = max(1, (self.end - start) // 10)  # the first steps warm up; the summary skips them
+        self.meter = Meter(warmup, **per_step)
+        self.log = MetricsLog(
+            run_dir,
+            dist.get_rank(),
+            cfg.train.steps,
+            wandb_mode=cfg.wandb,
+            run_name=cfg.name,
+            config=to_dict(cfg),
+            resume=start > 0,
+            progress=cfg.progress,
+            start_step=start,
+            fields=fields,
+        )
+        self.wall_s = 0.0
+
+    def logs_at(self, step: int) -> bool:
+        return step % self.cfg.log_interval == 0 or step == self.end
+
+    def evaluates_at(self, step: int) -> bool:
+        """On a logged step: every eval_interval steps, and at the end of the schedule (not of a
+        run cut short by stop_after)."""
+        every = self.cfg.eval_interval
+        return (every and step % every == 0) or step == self.cfg.train.steps
+
+    def saves_at(self, step: int) -> bool:
+        every = self.cfg.checkpoint.interval
+        return self.cfg.checkpoint.enabled and ((every and step % every == 0) or step == self.end)
+
+    def run(
+        self,
+        train_step: Callable[[int], dict],
+        evaluate: Callable[[], dict],
+        ckpt_dir: str,
+        save: Callable[[str, int], None],
+        lr: Optional[Callable[[], float]] = None,
+    ) -> None:
+        """Steps start+1 ... end; `lr()`, when given, goes on each metrics line."""
+        sums, seen = {}, 0
+        started = time.perf_counter()
+        for step in range(self.start + 1, self.end + 1):
+            comm0, t0 = comm_seconds(), time.perf_counter()
+            losses = train_step(step)
+            seconds = time.perf_counter() - t0
+            self.meter.step(seconds, None if comm0 is None else comm_seconds() - comm0)
+            for key, value in losses.items():
+                sums[key] = sums.get(key, 0.0) + value
+            seen += 1
+            self.log.advance()
+
+            if self.logs_at(step):
+                values = dict(zip(sums, all_ranks_mean([total / seen for total in sums.values()])))
+                values.update(self.meter.interval())
+                if lr is not None:
+                    values["lr"] = lr()
+                if self.evaluates_at(step):
+                    values.update(evaluate())
+                self.log.write(step, **values)
+                sums, seen = {}, 0
+            if self.saves_at(step):
+                tag = tag_for(step)
+                save(tag, step)
+                if dist.get_rank() == 0:  # save returned here once every rank's files were complete
+                    mark_latest(ckpt_dir, tag, keep=self.cfg.checkpoint.keep)
+        self.wall_s = time.perf_counter() - started
+
+    def finish(self, **about) -> dict:
+        """The run's summary (rank 0 prints its line and writes summary.json); `about` adds to it."""
+        summary = self.meter.summary(
+            steps=self.end - self.start,
+            world_size=dist.get_world_size(),
+            comm_backend=to_dict(self.cfg.comm)["backend"],
+            wall_s=self.wall_s,
+            **about,
+        )
+        self.log.close(summary)
+        return summary
