@@ -23,7 +23,8 @@ class CommConfig:
     backend: Any = "auto"  # auto | a backend (gloo, mpi, nccl: mcr.backends) | {op family: backend, default: backend}
     tuning: Optional[str] = None  # tuning table from `python -m mcr.tools.tune`, or auto
     log: bool = True  # keep per-(op, backend, size) timings; the table is printed at the end
-    trace: bool = False  # a timeline of every comm op in <run dir>/trace (python -m mcr.trace merge)
+    trace: bool = False  # a timeline of every comm op in <run dir>/trace (python -m mcr.tools.trace merge)
+    profile_steps: int = 2  # with trace: this many steps after the warm-up also under torch.profiler
 
 
 def op_families() -> tuple:

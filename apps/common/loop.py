@@ -19,6 +19,7 @@ Call it after communication is set up: ranks come from torch.distributed's defau
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Callable, Optional
 
@@ -56,6 +57,35 @@ def end_step(train, start: int) -> int:
     return min(train.steps, start + train.stop_after) if train.stop_after else train.steps
 
 
+class StepProfiler:
+    """torch.profiler over `count` steps from `first`, its Chrome trace written beside the comm
+    trace (`<run dir>/trace/torch_profile_rank_<rank>.json`), where `python -m mcr.tools.trace
+    merge` puts both on one clock: the comm spans beside the forward and backward of those steps."""
+
+    def __init__(self, run_dir: str, first: int, count: int):
+        self.path = os.path.join(run_dir, "trace", f"torch_profile_rank_{dist.get_rank()}.json")
+        self.first, self.last = first, first + count - 1
+        self.profile = None
+
+    def before(self, step: int) -> None:
+        if step == self.first:
+            self.profile = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
+            self.profile.__enter__()
+        if self.profile is not None:
+            self.span = torch.profiler.record_function(f"step {step}")
+            self.span.__enter__()
+
+    def after(self, step: int) -> None:
+        if self.profile is None:
+            return
+        self.span.__exit__(None, None, None)
+        if step == self.last:
+            self.profile.__exit__(None, None, None)
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self.profile.export_chrome_trace(self.path)
+            self.profile = None
+
+
 class TrainLoop:
     """One run from `start` to its end: the throughput meter, the metrics log and the cadence."""
 
@@ -63,6 +93,9 @@ class TrainLoop:
         self.cfg, self.start, self.end = cfg, start, end_step(cfg.train, start)
         warmup = max(1, (self.end - start) // 10)  # the first steps warm up; the summary skips them
         self.meter = Meter(warmup, **per_step)
+        comm = cfg.comm
+        first = min(start + warmup + 1, self.end)
+        self.profiler = StepProfiler(run_dir, first, comm.profile_steps) if comm.trace and comm.profile_steps else None
         self.log = MetricsLog(
             run_dir,
             dist.get_rank(),
@@ -103,7 +136,11 @@ class TrainLoop:
         started = time.perf_counter()
         for step in range(self.start + 1, self.end + 1):
             comm0, t0 = comm_seconds(), time.perf_counter()
+            if self.profiler is not None:
+                self.profiler.before(step)
             losses = train_step(step)
+            if self.profiler is not None:
+                self.profiler.after(step)
             seconds = time.perf_counter() - t0
             self.meter.step(seconds, None if comm0 is None else comm_seconds() - comm0)
             for key, value in losses.items():

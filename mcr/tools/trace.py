@@ -113,7 +113,8 @@ def plot(path: str, out: str, start_ms: float | None = None, span_ms: float | No
                 continue
             kind = "compute" if e["tid"] == 0 else e["name"].split(" ")[0]
             colour = colours.setdefault(kind, "0.75" if kind == "compute" else f"C{len(colours) % 10}")
-            ax.barh(y, max(width, (t1 - t0) / 2000), left=left, color=colour, edgecolor="black", linewidth=0.2)
+            edge = 0 if kind == "compute" else 0.2  # compute is many small ops: no outlines
+            ax.barh(y, max(width, (t1 - t0) / 2000), left=left, color=colour, edgecolor="black", linewidth=edge)
     ax.set_yticks(range(len(rows)), [f"rank {pid}: {names.get((pid, tid), tid)}" for pid, tid in rows])
     ax.invert_yaxis()
     ax.set_xlim(0, t1 - t0)
@@ -128,10 +129,16 @@ def plot(path: str, out: str, start_ms: float | None = None, span_ms: float | No
 
 def compute_spans(events) -> list:
     """A torch.profiler trace's outermost CPU ops on each rank's busiest thread (the training
-    loop's), as one row (tid 0): the compute between the comm spans."""
-    ops = {}
+    loop's) as one row (tid 0): the compute between the comm spans. Ops that hold a comm op
+    (an autograd function around an all-to-all) give way to their parts, and what runs inside
+    a comm op is comm, not compute; a whole step's annotation is left out."""
+    ops, comm = {}, {}
     for e in events:
-        if e.get("ph") == "X" and e.get("cat") in ("cpu_op", "user_annotation") and not e["name"].startswith("mcr:"):
+        if e.get("ph") != "X" or e.get("cat") not in ("cpu_op", "user_annotation"):
+            continue
+        if e["name"].startswith("mcr:"):
+            comm.setdefault((e["pid"], e["tid"]), []).append((e["ts"], e["ts"] + e["dur"]))
+        elif not e["name"].startswith(("step ", "ProfilerStep")):
             ops.setdefault((e["pid"], e["tid"]), []).append(e)
     busiest = {}
     for (pid, tid), spans in ops.items():
@@ -139,11 +146,15 @@ def compute_spans(events) -> list:
             busiest[pid] = tid
     outer = []
     for pid, tid in busiest.items():
+        inside = comm.get((pid, tid), [])
         end = float("-inf")
         for e in sorted(ops[pid, tid], key=lambda e: (e["ts"], -e["dur"])):
-            if e["ts"] >= end:  # not inside the previous outermost op
+            start, stop = e["ts"], e["ts"] + e["dur"]
+            if any(a <= start and stop <= b for a, b in inside) or any(start <= a and b <= stop for a, b in inside):
+                continue  # part of a comm op, or holds one: its other parts are drawn instead
+            if start >= end:  # not inside the previous outermost op
                 outer.append(dict(e, tid=0))
-                end = e["ts"] + e["dur"]
+                end = stop
     return outer
 
 

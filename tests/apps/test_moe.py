@@ -203,3 +203,27 @@ def test_compare_runs_the_preset_on_each_backend_and_tabulates_them(tmp_path):
         assert (summary["comm_backend"], summary["steps"]) == (choice, 8)
         assert row[1] == f"{summary['tokens_per_s']:,.0f}"
     assert (tmp_path / "compare-moe.txt").read_text().strip() == "\n".join(table).strip()
+
+
+def test_comm_trace_writes_the_timeline_beside_the_metrics_interleaved_with_torch_profiler(tmp_path):
+    """comm.trace=true: every rank's comm timeline and a torch.profiler trace of two steps after the
+    warm-up land in <run dir>/trace; merged, each profiled step's span holds that step's comm ops."""
+    _, metrics, run_dir = train(str(tmp_path), "traced", "comm.trace=true", "train.steps=6")
+    trace_dir = os.path.join(run_dir, "trace")
+    files = sorted(os.listdir(trace_dir))
+    assert files == [f"{kind}_rank_{r}.json" for kind in ("mcr_trace", "torch_profile") for r in (0, 1)], files
+    merged = subprocess.run(
+        [sys.executable, "-m", "mcr.tools.trace", "merge", trace_dir], cwd=REPO, env=clean_env(), capture_output=True
+    )
+    assert merged.returncode == 0, merged.stderr
+    with open(os.path.join(trace_dir, "mcr_trace.json")) as f:
+        events = json.load(f)["traceEvents"]
+    for rank in (0, 1):
+        steps = [e for e in events if e["pid"] == rank and e.get("ph") == "X" and e["name"].startswith("step ")]
+        assert [e["name"] for e in steps] == ["step 2", "step 3"], steps  # warm-up: 1 step of 6
+        comm = [e for e in events if e["pid"] == rank and e.get("cat") == "comm" and e["tid"] < 1000]
+        for step in steps:
+            inside = [e for e in comm if step["ts"] <= e["ts"] and e["ts"] + e["dur"] <= step["ts"] + step["dur"]]
+            names = {e["name"] for e in inside}
+            assert "all_to_all_single" in names and "all_reduce" in names, (step["name"], names)  # MoE and grads
+    assert len(metrics) == 6
