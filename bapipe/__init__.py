@@ -4,5 +4,6 @@ Modules, one job each: ``models`` (layer stacks), ``profile`` (per-layer measure
 ``cluster`` (devices and links), ``explore`` (cost model and partition search),
 ``simulate`` (event-level schedule simulation and timeline), ``planned_pipeline`` (a DeepSpeed
 ``PipelineModule`` cut at a plan's boundaries), ``pipeline_run`` (a real DeepSpeed pipeline,
-timed), ``report`` (study tables), ``__main__`` (the command line).
+timed), ``link_measure`` (the link between two local processes), ``local_job`` (runs those two
+on local processes through launch.local), ``report`` (study tables), ``__main__`` (the command line).
 """

@@ -2,42 +2,57 @@
 fit latency + bytes/bandwidth, for the ``link`` entry of a cluster file describing this machine.
 
 The timing is the runtime's own (`mcr.measure.time_op("send_recv")`: half a ping-pong, the
-slower rank's median), so bapipe and `mcr.tools.tune` measure a link the same way."""
+slower rank's median), so bapipe and `mcr.tools.tune` measure a link the same way. The two
+processes run this module under the repository's launcher (``bapipe.local_job``):
 
+    python -m launch.local -n 2 --launcher torchrun -m bapipe.link_measure --out points.json
+"""
+
+import argparse
+import json
 import os
-
-import torch.multiprocessing as mp
+import tempfile
 
 from .cluster import fit_link
+from .local_job import run_local
 
 SIZES = [2**k for k in range(12, 23, 2)]  # 4 KiB .. 4 MiB, around a pipeline's activations
 
 
-def _ping_pong(rank, port, repeats, queue):
+def _ping_pong(repeats: int, out: str) -> None:
     import torch
 
     import mcr
     from mcr.measure import time_op
 
-    # the two processes are a torchrun-style job of two ranks on this host
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.set_num_threads(1)
     mcr.init(backends="gloo")
-    points = [
-        (size, time_op(mcr.runtime(), "send_recv", size, backend="gloo", iters=repeats, warmup=2)[0]) for size in SIZES
-    ]
-    if rank == 0:
-        queue.put(points)
+    rt = mcr.runtime()
+    points = [(size, time_op(rt, "send_recv", size, backend="gloo", iters=repeats, warmup=2)[0]) for size in SIZES]
+    if mcr.get_rank() == 0:
+        with open(out, "w") as f:
+            json.dump(points, f)
     mcr.finalize()
 
 
-def measure_p2p(repeats=20):
+def measure_p2p(repeats=20, timeout_s=300):
     """Returns (Link, [(bytes, seconds)]) for gloo send/recv between two processes here."""
-    from mcr.env import free_port
-
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    mp.start_processes(_ping_pong, args=(free_port(), repeats, queue), nprocs=2, start_method="spawn")
-    points = queue.get(timeout=60)
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "points.json")
+        job = ["-m", "bapipe.link_measure", "--repeats", str(repeats), "--out", out]
+        run_local(2, job, timeout_s, "the link measurement")
+        with open(out) as f:
+            points = [tuple(p) for p in json.load(f)]
     return fit_link(points), points
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description="one rank of the link measurement (internal)")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args(argv)
+    _ping_pong(args.repeats, args.out)
+
+
+if __name__ == "__main__":
+    main()

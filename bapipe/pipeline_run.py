@@ -15,17 +15,13 @@ import argparse
 import itertools
 import json
 import os
-import signal
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 
+from .local_job import run_local
 from .models import build
 from .planned_pipeline import planned_pipeline_module
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _profile_and_plan(args, dist):
@@ -151,20 +147,9 @@ def run_partitions(
         job += ["--microbatches", str(microbatches), "--micro-batch", str(micro_batch)]
         job += ["--iters", str(iters), "--warmup", str(warmup), "--model-kwargs", json.dumps(model_kwargs or {})]
         job += ["--plan-cluster", str(plan_cluster), "--profile-out", str(profile_out)]
-        cmd = [sys.executable, "-m", "launch.local", "-n", str(stages), "--launcher", "torchrun", *job]
-        env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1")
-        # a session of its own: on a timeout the launcher and every rank it started go together
-        proc = subprocess.Popen(
-            cmd, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-        )
-        try:
-            log = proc.communicate(timeout=timeout_s)[0]
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            log = proc.communicate()[0]
-            raise RuntimeError(f"the DeepSpeed pipeline did not finish in {timeout_s} s:\n{log[-6000:]}") from None
-        if proc.returncode or not os.path.exists(out):
-            raise RuntimeError(f"the DeepSpeed pipeline failed (exit code {proc.returncode}):\n{log[-6000:]}")
+        log = run_local(stages, job, timeout_s, "the DeepSpeed pipeline", env={"DS_ACCELERATOR": "cpu"})
+        if not os.path.exists(out):
+            raise RuntimeError(f"the DeepSpeed pipeline wrote no result:\n{log[-6000:]}")
         with open(out) as f:
             return json.load(f)
 

@@ -27,9 +27,9 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
+from .comm import backend_choices
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CHOICES = {"gloo": ["comm.backend=gloo"], "mpi": ["comm.backend=mpi"], "auto": ["comm.backend=auto"]}
-SINGLE = ("gloo", "mpi")
 # Every trainer accepts these; a compare run needs no progress bar, checkpoints or wandb.
 QUIET = ("progress=false", "checkpoint.enabled=false", "wandb=disabled")
 
@@ -72,7 +72,7 @@ def find_app(name: str) -> App:
 def run_one(app: App, choice: str, args, overrides, repeat: int) -> Optional[dict]:
     """One job; its summary, or None when it failed (its error lines are printed)."""
     name = f"compare-{app.name}-{choice}-r{repeat}"
-    extra = list(CHOICES[choice])
+    extra = [f"comm.backend={choice}"]
     if choice == "auto" and args.tuning:
         extra.append(f"comm.tuning={args.tuning}")
     cmd = [sys.executable, "-m", "launch.local", "-n", str(args.nprocs), "--launcher", args.launcher]
@@ -112,7 +112,7 @@ def table(rows: dict, nprocs: int, preset: str, title: str = "") -> str:
 
     numeric = [k for k, v in first.items() if isinstance(v, (int, float)) or v is None]
     med = {c: {k: median(runs, k) for k in numeric} for c, runs in ok.items() if runs}
-    singles = [c for c in SINGLE if c in med]
+    singles = [c for c in med if c != "auto"]  # every single-backend row, in the order run
     cols = [(_unit(k), k, 12, ",.0f" if k == "tokens_per_s" else ",.1f") for k in units]
     cols += [("step ms", "median_step_ms", 9, ".1f"), ("compute", "compute_ms", 9, ".1f")]
     cols += [("comm", "comm_ms", 8, ".1f"), ("p10 " + _unit(headline), "p10_" + headline, 15, ",.0f")]
@@ -146,7 +146,7 @@ def main(argv=None, app: Optional[App] = None) -> int:
     parser.add_argument("--config", default=None, help="preset (default: configs/<app>/default.yaml)")
     parser.add_argument("-n", "--nprocs", type=int, default=2)
     parser.add_argument("--launcher", choices=("mpiexec", "torchrun"), default="mpiexec")
-    parser.add_argument("--backends", default="gloo,mpi,auto", help="comma list of gloo, mpi, auto")
+    parser.add_argument("--backends", default="gloo,mpi,auto", help="comma list of auto and backends (mcr.backends)")
     parser.add_argument("--tuning", default=None, help="tuning table for the auto row")
     parser.add_argument("--repeats", type=int, default=1, help="runs per backend, alternated (noisy machines)")
     parser.add_argument("--out", default=os.path.join(REPO, "runs", "compare"))
@@ -154,9 +154,9 @@ def main(argv=None, app: Optional[App] = None) -> int:
     app = app or find_app(args.app)
     args.config = args.config or app.default_config
     choices = args.backends.split(",")
-    bad = [c for c in choices if c not in CHOICES]
+    bad = [c for c in choices if c not in backend_choices()]
     if bad:
-        parser.error(f"--backends: unknown {', '.join(bad)}; choose from {', '.join(CHOICES)}")
+        parser.error(f"--backends: unknown {', '.join(bad)}; choose from {', '.join(backend_choices())}")
     rows = {c: [] for c in choices}
     for repeat in range(args.repeats):
         for choice in choices:  # alternated, so drift in machine load hits every row alike
