@@ -32,9 +32,10 @@ for e in rt.table.entries:
         backend, chunk = rt.choose("all_reduce", nbytes, rt.world, torch.float32, "cpu")
         assert (backend.name, chunk) == (e.backend, e.chunk_bytes), (nbytes, backend.name, chunk, e)
         rt.comm_log = mcr.commlog.CommLog()
-        x = torch.ones(nbytes // 4)
+        base = torch.arange(nbytes // 4, dtype=torch.float32) % 1000  # distinct per rank and element
+        x = base + 1000 * rt.rank
         mcr.all_reduce(x)
-        assert torch.all(x == n), "wrong all-reduce result"
+        assert torch.equal(x, n * base + 1000 * sum(range(n))), "wrong all-reduce result"
         ran_on = {(row["backend"], row["bytes"], row["count"]) for row in rt.comm_log.rows()}
         chunked = e.chunk_bytes and nbytes > e.chunk_bytes  # logged whole, under its candidate's name
         assert ran_on == {(label(e.choice) if chunked else e.backend, nbytes, 1)}, (nbytes, ran_on, e)

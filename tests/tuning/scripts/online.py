@@ -20,12 +20,15 @@ rank, n = mcr.get_rank(), mcr.get_world_size()
 sizes = [16, 4096, 512 << 10, 3 << 20]  # 3 MiB: the 1 MiB chunked all-reduce is a candidate there
 for step in range(3):  # "iterations" of a job: the first one measures, later ones reuse
     for nbytes in sizes:
-        x = torch.full((nbytes // 4,), float(rank + 1))
+        # distinct per rank, element and step (small integers: exact in float32 whatever the
+        # order of the sum), so a chunk or block put in the wrong place shows
+        base = torch.arange(nbytes // 4, dtype=torch.float32) % 1000
+        x = base + 1000 * rank + step
         mcr.all_reduce(x)
-        assert torch.all(x == n * (n + 1) / 2), "wrong all-reduce result"
+        assert torch.equal(x, n * base + 1000 * sum(range(n)) + n * step), "wrong all-reduce result"
         out = torch.empty(nbytes // 4 * n)
-        mcr.all_gather_into_tensor(out, torch.ones(nbytes // 4))
-        assert torch.all(out == 1)
+        mcr.all_gather_into_tensor(out, base + 1000 * rank)
+        assert torch.equal(out, torch.cat([base + 1000 * r for r in range(n)])), "wrong all-gather result"
     if step == 0:
         after_first = tuner.measured
 assert tuner.measured == after_first == 2 * len(sizes), (tuner.measured, after_first)
