@@ -39,12 +39,13 @@ import time
 import zlib
 from functools import partial
 from threading import Event, Thread, get_ident
+from time import time_ns
 from typing import NamedTuple
 
 import torch
 
 from . import env as launch_env
-from . import flight, node_aware, startup, trace
+from . import node_aware, startup, trace
 from .backends import builtin_order
 from .backends.base import Backend
 from .callbacks import CallbackThread
@@ -52,7 +53,7 @@ from .choose import Call, Policy, require, select_backend, table_rule
 from .commlog import CommLog
 from .config import ConfigError, RuntimeConfig
 from .debug import CallChecker
-from .flight import FlightRecorder
+from .flight import DONE, RETURNED, FlightRecorder
 from .group import Group
 from .handle import Handle
 from .inflight import InFlight
@@ -295,10 +296,10 @@ class Runtime:
             result = self.run(route.op, group, async_op, getattr(backend, method), group.comms[backend.name], args)
         if recorder is not None:
             if not async_op:
-                entry[flight.DONE] = time.time_ns()
+                entry[DONE] = time_ns()
             else:
                 result.then(partial(recorder.complete, entry))
-                entry[flight.RETURNED] = time.time_ns()
+                entry[RETURNED] = time_ns()
         if after is None:
             return result
         if async_op:
