@@ -27,6 +27,8 @@ import sys
 from dataclasses import dataclass
 from typing import Optional
 
+from launch.options import app_names
+
 from .comm import backend_choices
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -50,16 +52,10 @@ class App:
         return self.config or os.path.join(REPO, "configs", self.name, "default.yaml")
 
 
-def known_apps() -> list[str]:
-    """Packages under apps/ that run as `python -m apps.<name>`."""
-    here = os.path.join(REPO, "apps")
-    return sorted(d for d in os.listdir(here) if os.path.isfile(os.path.join(here, d, "__main__.py")))
-
-
 def find_app(name: str) -> App:
     """The app's own `APP` from apps/<name>/compare.py when it defines one, else the defaults."""
-    if name not in known_apps():
-        raise SystemExit(f"compare: unknown app {name!r}; choose from {', '.join(known_apps())}")
+    if name not in app_names():
+        raise SystemExit(f"compare: unknown app {name!r}; choose from {', '.join(app_names())}")
     try:
         module = importlib.import_module(f"apps.{name}.compare")
     except ModuleNotFoundError as exc:
@@ -142,7 +138,7 @@ def main(argv=None, app: Optional[App] = None) -> int:
     """`app` given: that app's compare (`--app` not accepted); else `--app NAME` picks one."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     if app is None:
-        parser.add_argument("--app", required=True, help=f"one of {', '.join(known_apps())}")
+        parser.add_argument("--app", required=True, help=f"one of {', '.join(app_names())}")
     parser.add_argument("--config", default=None, help="preset (default: configs/<app>/default.yaml)")
     parser.add_argument("-n", "--nprocs", type=int, default=2)
     parser.add_argument("--launcher", choices=("mpiexec", "torchrun"), default="mpiexec")

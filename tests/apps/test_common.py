@@ -13,7 +13,7 @@ import torch
 import mcr
 from apps.common.checkpoint import latest_tag, mark_latest, step_of, tag_for
 from apps.common.comm import CommConfig, check_comm, runtime_config, setup_torch_comm
-from apps.common.compare import App, find_app, known_apps, table
+from apps.common.compare import App, find_app, table
 from apps.common.config import ConfigError, choice, load_config, save_resolved
 from apps.common.data import ByteTokenizer, DataConfig, TokenBatches
 from apps.common.metrics import (
@@ -28,6 +28,7 @@ from apps.common.metrics import (
 )
 from apps.common.parallel_dims import ParallelDims
 from apps.common.seed import batch_generator, step_seed
+from launch.options import app_names
 from tests.ranks import run_script
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -361,7 +362,7 @@ def test_compare_table_ranks_by_the_apps_own_unit():
 
 
 def test_compare_finds_each_apps_own_settings_and_refuses_unknown_apps():
-    assert find_app("moe") == App("moe", title="DS-MoE") and "moe" in known_apps()
+    assert find_app("moe") == App("moe", title="DS-MoE") and "moe" in app_names()
     assert find_app("moe").default_config.endswith(os.path.join("configs", "moe", "default.yaml"))
     with pytest.raises(SystemExit, match=r"unknown app 'mooe'; choose from .*moe"):
         find_app("mooe")
