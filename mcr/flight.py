@@ -30,7 +30,7 @@ VERSION = "2.10"  # torch's flight-recorder format this file writes (torch 2.10+
 FILE_PREFIX = "mcr_fr_rank_"  # torchfrtrace takes the rank from the digits after the prefix
 
 # entry fields (a list, so the hot path fills it without a class)
-RECORD, ROUTE, GROUP, SEQ, P2P_SEQ, METHOD, PEER, ASYNC, THREAD, CREATED, DONE, RETURNED = range(12)
+RECORD, ROUTE, GROUP, SEQ, P2P_SEQ, METHOD, PEER, ASYNC, THREAD, CREATED, DONE, RETURNED, STARTED = range(13)
 
 # mcr's op family and backend method -> the name torch's analyzer knows
 _TORCH_NAMES = {
@@ -75,6 +75,7 @@ class FlightRecorder:
             info.collective_seq += 1
         else:
             info.p2p_seq += 1
+        now = time_ns()
         entry = [
             record,
             route,
@@ -84,10 +85,11 @@ class FlightRecorder:
             method,
             peer,
             async_op,
-            get_ident(),
-            time_ns(),
+            get_ident(),  # the caller; for an async op, whoever waits on it once one does
+            now,
             0,
             0,  # an async call's return to its caller (set by the caller)
+            0 if async_op else now,  # started: a blocking call at once, an async one when waited on
         ]
         self.entries.append(entry)
         if self.kept is not None:
@@ -97,6 +99,12 @@ class FlightRecorder:
     @staticmethod
     def complete(entry) -> None:
         entry[DONE] = time_ns()
+
+    @staticmethod
+    def waited(entry) -> None:
+        """A thread starts waiting on the entry's async op: its stack is now the one to show."""
+        if not entry[STARTED]:
+            entry[STARTED], entry[THREAD] = time_ns(), get_ident()
 
     # --- the dump, in torch's format ----------------------------------------------------------
     def dump(self, why: str, directory: str | None = None, frame=None) -> str | None:
@@ -162,8 +170,8 @@ class FlightRecorder:
         done = entry[DONE]
         if done:
             state = "completed"
-        elif not entry[ASYNC]:
-            state = "started"  # a blocking call: its caller is in it
+        elif entry[STARTED]:
+            state = "started"  # a blocking call, or an async one someone waits on
         else:
             state = "scheduled"
         frames = [] if done else _frames(stacks.get(entry[THREAD]))
@@ -184,7 +192,7 @@ class FlightRecorder:
             "input_dtypes": [dtype],
             "output_dtypes": [dtype],
             "state": state,
-            "time_discovered_started_ns": None if entry[ASYNC] else entry[CREATED],
+            "time_discovered_started_ns": entry[STARTED] or None,
             "time_discovered_completed_ns": done or None,
             "retired": bool(done),
             "timeout_ms": self.timeout_ms,

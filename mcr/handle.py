@@ -18,7 +18,7 @@ from threading import Lock
 
 
 class Handle:
-    __slots__ = ("_wait", "_test", "_keep", "_finishers", "done", "_lock", "op", "completes_alone", "source")
+    __slots__ = ("_wait", "_test", "_keep", "_finishers", "done", "_lock", "op", "completes_alone", "source", "record")
 
     def __init__(self, wait, test, keep=None, finish=None):
         self._wait = wait  # blocks until the backend op is done
@@ -30,6 +30,7 @@ class Handle:
         self.op = None  # the runtime's OpCall, to name the op if it never completes
         self.completes_alone = True  # False: the library marks it done only when waited on
         self.source = None  # a receive from any source: returns the sender's group rank once done
+        self.record = None  # the op's flight-recorder entry (`mcr.flight`), marked when waited on
 
     def then(self, finish) -> "Handle":
         """Run `finish()` once the op completes (copy-outs, averaging, accounting)."""

@@ -299,6 +299,7 @@ class Runtime:
                 entry[DONE] = time_ns()
             else:
                 result.then(partial(recorder.complete, entry))
+                result.record = entry
                 entry[RETURNED] = time_ns()
         if after is None:
             return result
@@ -546,6 +547,8 @@ class Runtime:
         driver = self._driver
 
         def wait():
+            if handle.record is not None:
+                FlightRecorder.waited(handle.record)
             if waits is not None:
                 thread = get_ident()
                 waits[thread] = op

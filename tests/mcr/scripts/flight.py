@@ -4,7 +4,7 @@ Usage: flight.py hang|mismatch|raise|live
   mismatch: rank 1 all-reduces 8 elements where rank 0 all-reduces 4
   raise:    rank 1 raises in its own code while rank 0 waits in an all-reduce
   live:     40 ops with a ring of 16 (MCR_FR_SIZE); rank 1 sends itself SIGUSR1 while it waits
-            in a receive; both ranks dump again at finalize (MCR_FR_DUMP_ON_FINALIZE)"""
+            on an async receive; both ranks dump again at finalize (MCR_FR_DUMP_ON_FINALIZE)"""
 
 import os
 import signal
@@ -47,7 +47,8 @@ elif mode == "live":
         mcr.all_reduce(t)
     if rank == 1:
         threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGUSR1)).start()
-        mcr.recv(t, 0)  # in it when the signal comes: the dump names this line
+        handle = mcr.irecv(t, 0)
+        handle.wait()  # in it when the signal comes: the dump names this line, the op "started"
         dumps = os.environ["MCR_FR_DIR"]  # keep the live dump from finalize's
         os.replace(os.path.join(dumps, "mcr_fr_rank_1"), os.path.join(dumps, "..", "sigusr1_rank_1"))
     else:
