@@ -42,7 +42,7 @@ SHELL_LANGS = ("", "sh", "bash", "shell", "console")
 SCHEDULERS = ("mpiexec", "srun", "sbatch")  # on a cluster, not in the venv: their arguments are theirs
 PLACEHOLDER = "PLACEHOLDER"
 # modules whose main reads sys.argv without argparse, or another program's parser: named, not parsed
-NOT_PARSED = {"pytest", "tests.conformance.summary"}
+NOT_PARSED = {"pytest", "tests.conformance.summary", "tests.readme_commands"}
 # (module, first arguments) of the commands cheap enough to run as written
 CHEAP = [
     ("mcr.tools.explain",),
