@@ -75,7 +75,9 @@ def _is_command(line: str) -> bool:
     words = line.split()
     while words and ENV_PREFIX.match(words[0]):
         words = words[1:]
-    return bool(words) and words[0] in COMMAND_WORDS and (words[0] != "python" or words[1:2] == ["-m"])
+    if not words or words[0] not in COMMAND_WORDS:
+        return False
+    return words[0] not in ("python", ".venv/bin/python") or (words[1:2] == ["-m"] and len(words) > 2)
 
 
 def _command(doc: str, lineno: int, text: str) -> Command | None:
