@@ -7,15 +7,20 @@ Used by the dense trainer (``apps/dense``) and by the measuring harness (``bapip
 """
 
 
-def planned_pipeline_module(layers, parts, **kwargs):
+def planned_pipeline_module(layers, parts, on_grid=None, **kwargs):
     """A ``PipelineModule`` split at explicit boundaries: ``parts`` is DeepSpeed's own
     ``parts`` list (first layer of every stage, then the number of layers), or one of its
-    ``partition_method`` names ('uniform', 'parameters', 'type:...')."""
+    ``partition_method`` names ('uniform', 'parameters', 'type:...'). ``on_grid(grid)`` runs
+    once DeepSpeed has built the pipeline's process groups (its ``PipelineParallelGrid``) and
+    before this stage's layers are built: where layers that need one of those groups (tensor
+    parallelism) take it, rather than building the same group again."""
     from deepspeed.pipe import PipelineModule  # importing DeepSpeed takes seconds: only when asked
 
     class PlannedPipelineModule(PipelineModule):
         # DeepSpeed takes only method names; this hook lets it take the planner's boundaries
         def _partition_layers(self, method="uniform"):
+            if on_grid is not None:  # DeepSpeed calls this between building its grid and the layers
+                on_grid(self.mpu())
             if not isinstance(method, (list, tuple)):
                 return super()._partition_layers(method)
             if (

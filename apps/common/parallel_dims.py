@@ -3,11 +3,13 @@
     dims = ParallelDims(world_size, tp=2, pp=2, keys={"tp": "parallel.tensor", "pp": "parallel.pipeline"})
     ...                                  # (communication started)
     groups = dims.build_groups(rank)     # groups.tp, groups.dp, groups.pp: mcr groups of this rank
+    groups = dims.groups_from_grid(grid) # or DeepSpeed's, for an app whose DeepSpeed builds them
 
 Rank layout as Megatron and DeepSpeed lay it out, tensor-parallel ranks adjacent:
 `rank = (pp_idx * dp + dp_idx) * tp + tp_idx`, the same ranks as DeepSpeed's
-`PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)` (axes pipe, data, model), so
-DeepSpeed's own pipeline and data-parallel groups hold the same ranks as these.
+`PipeModelDataParallelTopology(num_pp=pp, num_mp=tp, num_dp=dp)` (axes pipe, data, model).
+An app on DeepSpeed's pipeline or `mpu` takes DeepSpeed's groups (`groups_from_grid`) rather
+than building its own over the same ranks: each group is then built once.
 
 Expert parallelism borrows from data parallelism, as in DeepSpeed-MoE: each data-parallel group
 splits into dp / ep expert groups of ep consecutive members, and members with the same expert
@@ -158,6 +160,33 @@ class ParallelDims:
                 group = mcr.new_group(ranks)
                 if rank in ranks:
                     mine[dim] = group
+        return ParallelGroups(coords=self.coords(rank), **mine)
+
+    def groups_from_grid(self, grid) -> ParallelGroups:
+        """This rank's TP, DP and PP groups taken from DeepSpeed's `PipelineParallelGrid` (the
+        mcr group under each of its torch groups on backend "mcr"), not built again; checked to
+        hold this layout's ranks."""
+        rank = grid.get_global_rank()
+        taken = {
+            "tp": grid.get_slice_parallel_group(),
+            "dp": grid.get_data_parallel_group(),
+            "pp": grid.get_pipe_parallel_group(),
+        }
+        mine = {}
+        for dim, group in taken.items():
+            mcr_group = getattr(group, "mcr_group", None)
+            if mcr_group is None:
+                raise RuntimeError(
+                    f"DeepSpeed's {MEANING[dim]}-parallel group is not on backend 'mcr' ({type(group).__name__}); "
+                    "start communication with apps.common.comm.setup_deepspeed_comm before building the grid"
+                )
+            expected = next(ranks for ranks in self.group_ranks(dim) if rank in ranks)
+            if list(mcr_group.ranks) != expected:
+                raise RuntimeError(
+                    f"DeepSpeed's {MEANING[dim]}-parallel group of rank {rank} holds ranks {list(mcr_group.ranks)}, "
+                    f"not {expected} as {self} lays them out"
+                )
+            mine[dim] = mcr_group
         return ParallelGroups(coords=self.coords(rank), **mine)
 
     def __str__(self) -> str:

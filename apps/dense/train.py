@@ -3,11 +3,11 @@ layers, data parallel (and ZeRO) across model replicas; every collective through
 
     python -m launch.local -n 2 -m apps.dense --config configs/dense/default.yaml [key=value ...]
 
-Read top to bottom: config (all checks before any process group) -> communication and the
-tensor/pipeline/data-parallel groups -> model (this rank's pipeline stage, its tensor-parallel
-slice) -> DeepSpeed engine -> resume -> the training loop every trainer shares (apps.common.loop:
-metrics, validation, checkpoints), given this file's step, evaluation and save -> summary and
-communication table.
+Read top to bottom: config (all checks before any process group) -> communication -> model
+(this rank's pipeline stage, its tensor-parallel slice; the tensor/pipeline/data-parallel groups
+are DeepSpeed's, built once by its grid) -> DeepSpeed engine -> resume -> the training loop
+every trainer shares (apps.common.loop: metrics, validation, checkpoints), given this file's
+step, evaluation and save -> summary and communication table.
 """
 
 from __future__ import annotations
@@ -139,9 +139,9 @@ def main(argv=None) -> dict:
     check_resume_layout(cfg, dims, ckpt_dir, latest_tag(ckpt_dir))  # a checkpoint cut another way
     torch.set_num_threads(cfg.train.threads or threads_per_rank(launch.local_world_size))
 
-    # 2. Communication: DeepSpeed's comm layer on the mcr runtime (mcr.hooks.deepspeed), then this
-    #    rank's mcr groups. The layers' TP collectives call the runtime on groups.tp; DeepSpeed's
-    #    topology (pipe, data, tensor; TP ranks adjacent) gives its own groups the same ranks.
+    # 2. Communication: DeepSpeed's comm layer on the mcr runtime (mcr.hooks.deepspeed). The
+    #    groups come with the model: DeepSpeed's grid builds them over the topology's ranks (pipe,
+    #    data, tensor; TP ranks adjacent, as `dims` lays them out), each once.
     setup_deepspeed_comm(cfg.comm, comm_log_json=os.path.join(run_dir, "comm_log.json"))
     import deepspeed
     import deepspeed.comm as dist
@@ -149,7 +149,6 @@ def main(argv=None) -> dict:
     from deepspeed.runtime.pipe.topology import PipelineParallelGrid, PipeModelDataParallelTopology
 
     rank = dist.get_rank()
-    groups = dims.build_groups(rank)
     topology = PipeModelDataParallelTopology(num_pp=dims.pp, num_mp=dims.tp, num_dp=dims.dp)
     resuming = cfg.resume and latest_tag(ckpt_dir) is not None
     ds_config = deepspeed_config(cfg)
@@ -160,7 +159,13 @@ def main(argv=None) -> dict:
 
     # 3. Model: each layer draws its weights from its own seed, so every rank builds exactly its
     #    slice of the same model, whatever the degrees. A pipeline builds only this stage's layers.
-    tensor_parallel = TensorParallel(groups.tp, cfg.parallel.sequence)
+    #    The layers' TP collectives run on DeepSpeed's tensor-slicing group, taken from its grid
+    #    before any layer is built (a PipelineModule builds its grid, then its layers, in one call).
+    tensor_parallel = TensorParallel(sequence_parallel=cfg.parallel.sequence)  # its group: below
+
+    def take_tp_group(grid):
+        tensor_parallel.group = dims.groups_from_grid(grid).tp
+
     specs = layer_specs(cfg.model, tensor_parallel, cfg.train.seed)
     parts, plan, mpu = None, None, None
     if dims.pp_enabled:
@@ -170,12 +175,16 @@ def main(argv=None) -> dict:
         model = planned_pipeline_module(
             [LayerSpec(cls, *args) for cls, args in specs],
             parts,
+            on_grid=take_tp_group,
             topology=topology,
-            loss_fn=partial(lm_loss, group=groups.tp),  # the loss over the last stage's vocab slices
+            loss_fn=lambda out, y: lm_loss(out, y, tensor_parallel.group),  # over the last stage's vocab slices
         )
-        parts = [int(v) for v in model.parts]  # what DeepSpeed built
+        parts, grid = [int(v) for v in model.parts], model.mpu()  # what DeepSpeed built
     else:
-        model, mpu = GPT(cfg.model, tensor_parallel, cfg.train.seed), PipelineParallelGrid(topology)
+        grid = mpu = PipelineParallelGrid(topology)  # the plain engine's groups (DeepSpeed's `mpu`)
+        take_tp_group(grid)
+        model = GPT(cfg.model, tensor_parallel, cfg.train.seed)
+    groups = dims.groups_from_grid(grid)  # this rank's TP, DP and PP groups: DeepSpeed's
     mark_replicated_params(model, groups.coords.tp)
     held = sorted({int(name.split(".")[0]) for name, _ in model.named_parameters()})  # "<layer>.<name>"
 

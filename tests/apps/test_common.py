@@ -6,6 +6,7 @@ import json
 import os
 import re
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -298,6 +299,27 @@ def test_rank_layout_is_deepspeeds_pipe_model_data_topology(pp, dp, tp):
     assert dims.group_ranks("pp") == topo.get_axis_comm_lists("pipe")
     assert dims.group_ranks("dp") == topo.get_axis_comm_lists("data")
     assert dims.group_ranks("tp") == topo.get_axis_comm_lists("model")
+
+
+def test_groups_taken_from_deepspeeds_grid_must_hold_the_layouts_ranks():
+    def grid(tp_ranks, on_mcr=True):  # rank 1 of tp 2 x dp 2: tp [0, 1], dp [1, 3], pp [1]
+        def group(ranks):  # a torch group on backend "mcr" carries its mcr group; another's does not
+            return SimpleNamespace(mcr_group=SimpleNamespace(ranks=tuple(ranks))) if on_mcr else object()
+
+        return SimpleNamespace(
+            get_global_rank=lambda: 1,
+            get_slice_parallel_group=lambda: group(tp_ranks),
+            get_data_parallel_group=lambda: group([1, 3]),
+            get_pipe_parallel_group=lambda: group([1]),
+        )
+
+    dims = ParallelDims(4, tp=2)
+    groups = dims.groups_from_grid(grid([0, 1]))
+    assert (groups.tp.ranks, groups.dp.ranks, groups.pp.ranks, groups.coords.dp) == ((0, 1), (1, 3), (1,), 0)
+    with pytest.raises(RuntimeError, match=r"tensor-parallel group of rank 1 holds ranks \[1, 2\], not \[0, 1\]"):
+        dims.groups_from_grid(grid([1, 2]))
+    with pytest.raises(RuntimeError, match="not on backend 'mcr'.*setup_deepspeed_comm"):
+        dims.groups_from_grid(grid([0, 1], on_mcr=False))
 
 
 @pytest.mark.parametrize("world, tp, pp, ep", [(16, 2, 1, 4), (8, 1, 1, 2), (16, 2, 2, 2), (4, 1, 1, 4)])
