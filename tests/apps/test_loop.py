@@ -38,7 +38,7 @@ def validated(app: str, *overrides: str):
         ("log_interval=0", r"'log_interval': must be >= 1"),
         ("checkpoint.interval=-2", r"'checkpoint\.interval': must be >= 0"),
         ("checkpoint.keep=-1", r"'checkpoint\.keep': must be >= 0"),
-        ("comm.backend=nccl2", r"'comm\.backend'; choose one of auto, gloo, mpi, nccl"),
+        ("comm.backend=nccl2", r"'comm\.backend'; choose one of auto, mpi, gloo, nccl"),
     ],
 )
 def test_every_trainer_refuses_a_shared_field_out_of_range_naming_the_key(app, override, message):
