@@ -66,8 +66,8 @@ class FlightRecorder:
 
     def issue(self, route, group, method, async_op, peer=None):
         """A new entry for a call about to run; the caller sets `entry[DONE]` (ns) when it completes.
-        It runs on every call: about 0.3 µs here, nothing formatted, no lock (one thread issues
-        a rank's ops; a dump copies the ring first)."""
+        It runs on every call (its cost: configs/tuning/vm-n2-bench-flight-recorder.txt): nothing
+        formatted, no lock (one thread issues a rank's ops; a dump copies the ring first)."""
         record = self.next_record
         self.next_record = record + 1
         info = group.info

@@ -1,9 +1,8 @@
 """Large CPU tensors on transparent huge pages.
 
 Open MPI moves a large message between ranks of one node in a single copy: the kernel reads the
-peer's pages (CMA). On 4 KiB pages that copy is slow; on 2 MiB pages it runs at memory speed.
-Measured (2 ranks, 64 MiB float32 all-reduce in 1 MiB chunks, `mcr.tools.bench_large`): 20-25 ms on
-torch's default pages, 12.6 ms on huge pages, against 14-15 ms for a plain memcpy on both ranks.
+peer's pages (CMA). On 4 KiB pages that copy is slow; on 2 MiB pages it runs at memory speed
+(`python -m mcr.tools.bench_large` on both; figures in configs/tuning/vm-n2-bench-large.txt).
 torch puts its CPU allocations on huge pages only when THP_MEM_ALLOC_ENABLE=1 is set before its
 first CPU allocation (it reads the variable once), so importing mcr sets that default; a value the
 user set wins. Tensors allocated before are left as they are (collapsing them would cost a copy of

@@ -131,7 +131,7 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 UPCAST_BELOW = 64 << 10
 # From this size an async all-reduce, reduce-scatter or all-gather runs as a blocking call on the
 # backend's worker thread (`mpi_worker`), below it as MPI's nonblocking call (a thread hand-off
-# costs tens of µs; at 1 MiB Iallreduce already took 376 µs against Allreduce's 206 µs).
+# costs tens of µs, more than libnbc loses on small messages: configs/tuning/vm-n2-bench-ddp.txt).
 WORKER_FROM = 256 << 10
 
 

@@ -1,8 +1,8 @@
 """Large async MPI collectives run as blocking calls on one worker thread.
 
 Open MPI's nonblocking collectives (libnbc) are much slower than its blocking ones on large
-messages and advance only when someone tests them: a 4 MiB float32 all-reduce on 2 ranks took
-6-7.6 ms as Iallreduce (0.63 ms as Allreduce), so DDP's bucket all-reduces on MPI ran 10x
+messages and advance only when someone tests them (a large Iallreduce against Allreduce:
+configs/tuning/vm-n2-bench-ddp.txt), so DDP's bucket all-reduces on MPI ran several times
 slower than they need to. The worker runs each queued op's blocking call in issue order (the
 order every rank issues them in), on the group's twin communicator, so its collectives never
 share a matching order with the caller's own on the group's communicator; mpi4py releases the
