@@ -65,7 +65,8 @@ class FlightRecorder:
         self._dumping = threading.Lock()
 
     def issue(self, route, group, method, async_op, peer=None):
-        """A new entry for a call about to run; the caller sets `entry[DONE]` (ns) when it completes.
+        """A new entry for a call about to run; `entry[DONE]` (ns) is set when it completes (by the
+        caller for a blocking call, by the handle for an async one: `Handle.stamp_done`).
         It runs on every call (its cost: configs/tuning/vm-n2-bench-flight-recorder.txt): nothing
         formatted, no lock (one thread issues a rank's ops; a dump copies the ring first)."""
         record = self.next_record
@@ -95,10 +96,6 @@ class FlightRecorder:
         if self.kept is not None:
             self.kept.append(entry)
         return entry
-
-    @staticmethod
-    def complete(entry) -> None:
-        entry[DONE] = time_ns()
 
     @staticmethod
     def waited(entry) -> None:

@@ -15,10 +15,26 @@ their results. Read `done`; never set it.
 from __future__ import annotations
 
 from threading import Lock
+from time import time_ns
+
+from .flight import DONE
 
 
 class Handle:
-    __slots__ = ("_wait", "_test", "_keep", "_finishers", "done", "_lock", "op", "completes_alone", "source", "record")
+    __slots__ = (
+        "_wait",
+        "_test",
+        "_keep",
+        "_finishers",
+        "done",
+        "_lock",
+        "op",
+        "completes_alone",
+        "source",
+        "watch",
+        "group",
+        "record",
+    )
 
     def __init__(self, wait, test, keep=None, finish=None):
         self._wait = wait  # blocks until the backend op is done
@@ -30,7 +46,13 @@ class Handle:
         self.op = None  # the runtime's OpCall, to name the op if it never completes
         self.completes_alone = True  # False: the library marks it done only when waited on
         self.source = None  # a receive from any source: returns the sender's group rank once done
-        self.record = None  # the op's flight-recorder entry (`mcr.flight`), marked when waited on
+        # Set by the runtime at issue, used only if waited on: binding them into a wrapper here
+        # instead cost each async issue a closure (issue 21: an issue should cost less than a wait)
+        self.watch = None  # the runtime's watch(wait, test, handle): watchdog, rule 3, a named error
+        self.group = None  # the op's group, for that error
+        self.record = (
+            None  # the op's flight-recorder entry: stamped done here (not by a finisher), started when waited on
+        )
 
     def then(self, finish) -> "Handle":
         """Run `finish()` once the op completes (copy-outs, averaging, accounting)."""
@@ -41,18 +63,24 @@ class Handle:
         finish()
         return self
 
+    def stamp_done(self, entry) -> None:
+        """Set a flight-recorder entry's DONE time when the op completes (now if it has)."""
+        with self._lock:
+            if not self.done:
+                self.record = entry
+                return
+        entry[DONE] = time_ns()
+
     def wait(self, timeout=None) -> bool:
         if not self.done:
             with self._lock:
                 if not self.done:
-                    self._wait()
+                    if self.watch is None:
+                        self._wait()
+                    else:
+                        self.watch(self._wait, self._test, self)
                     self._complete()
         return True
-
-    def wrap_wait(self, wrap, *args) -> None:
-        """Replace the op's blocking wait by `wrap(wait, test, *args)` (the runtime's watch: the
-        watchdog entry, rule 3's driving, the error naming the op). Before anyone waits."""
-        self._wait = wrap(self._wait, self._test, *args)
 
     def is_completed(self) -> bool:
         """Never blocks: while another thread holds the handle (waiting or testing), says False."""
@@ -70,6 +98,8 @@ class Handle:
         self._finishers = ()
         self._keep = None
         self._wait = self._test = None  # the request or Work, and the buffers a Work holds
+        if self.record is not None:
+            self.record[DONE] = time_ns()
         self.done = True
 
 

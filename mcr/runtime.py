@@ -37,7 +37,6 @@ import os
 import sys
 import time
 import zlib
-from functools import partial
 from threading import Event, Thread, get_ident
 from time import time_ns
 from typing import NamedTuple
@@ -134,6 +133,7 @@ class Runtime:
         dump = self.dump_flight_record if self.recorder is not None else None
         self.watchdog = Watchdog(info.rank, cfg.watchdog_timeout_s, dump) if cfg.watchdog_timeout_s > 0 else None
         self._waits = self.watchdog.waits if self.watchdog is not None else None
+        self._watch = self._watched_wait  # bound once: every async handle carries it
         self._choices = {}
         self._node_groups = {}  # group gid -> its node-local and peer groups (node_groups())
         self._forced = None  # force_backend()
@@ -298,8 +298,7 @@ class Runtime:
             if not async_op:
                 entry[DONE] = time_ns()
             else:
-                result.then(partial(recorder.complete, entry))
-                result.record = entry
+                result.stamp_done(entry)  # not a finisher: a partial per issue cost more
                 entry[RETURNED] = time_ns()
         if after is None:
             return result
@@ -427,8 +426,11 @@ class Runtime:
             handle = fn(comm, *args, True)
         except Exception as exc:
             raise self._error(op, group, exc) from exc
-        handle = self._watched(handle, op, group, started, logged)
-        handle.op = op
+        # the watch (watchdog, rule 3, the error naming the op) runs only if the handle is waited on
+        handle.op, handle.watch, handle.group = op, self._watch, group
+        if logged:
+            comm_log = self.comm_log
+            handle.then(lambda: comm_log.record(*op, time.perf_counter() - started))
         self.hold(None if op.family == "send_recv" else comm, handle, op.backend in self._needs_driving)
         return handle
 
@@ -533,42 +535,32 @@ class Runtime:
         if progress is not None and progress.idle:
             progress.poke()
 
-    def _watched(self, handle, op, group, started, logged=True):
-        handle.wrap_wait(self._watched_wait, handle, op, group)
-        if logged and self.comm_log is not None:
-            comm_log = self.comm_log
-            handle.then(lambda: comm_log.record(*op, time.perf_counter() - started))
-        return handle
-
-    def _watched_wait(self, inner_wait, inner_test, handle, op, group):
-        """An async op's wait under the watchdog and rule 3, its failure naming the op."""
-        waits = self._waits
+    def _watched_wait(self, inner_wait, inner_test, handle):
+        """An async op's wait (`handle.watch`) under the watchdog and rule 3, its failure naming
+        the op."""
+        op, group, waits = handle.op, handle.group, self._waits
         drives = bool(self._needs_driving) and op.backend not in self._needs_driving  # rule 3
         driver = self._driver
-
-        def wait():
-            if handle.record is not None:
-                FlightRecorder.waited(handle.record)
+        if handle.record is not None:
+            FlightRecorder.waited(handle.record)
+        if waits is not None:
+            thread = get_ident()
+            waits[thread] = op
+        try:
+            if not drives:
+                inner_wait()
+            elif driver is not None:
+                driver.during(inner_wait)
+            elif handle.completes_alone:
+                self._wait_driving(inner_test)
+                inner_wait()
+            else:  # no test ever says done (gloo's send/recv, reduce-scatter): wait beside, not instead
+                self._wait_driving_aside(inner_wait)
+        except Exception as exc:
+            raise self._error(op, group, exc) from exc
+        finally:
             if waits is not None:
-                thread = get_ident()
-                waits[thread] = op
-            try:
-                if not drives:
-                    inner_wait()
-                elif driver is not None:
-                    driver.during(inner_wait)
-                elif handle.completes_alone:
-                    self._wait_driving(inner_test)
-                    inner_wait()
-                else:  # no test ever says done (gloo's send/recv, reduce-scatter): wait beside, not instead
-                    self._wait_driving_aside(inner_wait)
-            except Exception as exc:
-                raise self._error(op, group, exc) from exc
-            finally:
-                if waits is not None:
-                    waits.pop(thread, None)
-
-        return wait
+                waits.pop(thread, None)
 
     def _error(self, op, group, exc):
         return CommError(

@@ -277,6 +277,8 @@ class MPIBackend(Backend):
         buf, mpi_op = [self._mem(tensor.data_ptr(), nbytes), self._dtypes[dtype]], self._ops_for[dtype][op]
         if async_op:
             in_place = self._in_place
+            if nbytes < WORKER_FROM:  # checked here first: the small op's issue skips a lambda and a call
+                return from_mpi_request(g.Iallreduce(in_place, buf, mpi_op), tensor)
             handle = self._on_worker(g, nbytes, lambda c: c.Allreduce(in_place, buf, mpi_op), tensor)
             return handle or from_mpi_request(g.Iallreduce(in_place, buf, mpi_op), tensor)
         g.Allreduce(self._in_place, buf, mpi_op)

@@ -51,14 +51,15 @@ class HandleWork(dist.Work):
     def __init__(self, handles, result):
         super().__init__()
         self._handles = handles  # one mcr Handle, or a list for coalesced ops
-        self._result = result
-        if isinstance(handles, list):
-            self._wait = lambda: [one.wait() for one in handles]
-        else:
-            self._wait = handles.wait  # the functional collectives' wait_tensor: one call less
+        self._result = result  # nothing more here: every async op's issue pays for this __init__
 
     def wait(self, timeout=None):
-        self._wait()
+        handles = self._handles
+        if type(handles) is list:
+            for one in handles:
+                one.wait()
+        else:
+            handles.wait()
         return True
 
     def is_completed(self):

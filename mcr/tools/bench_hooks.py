@@ -4,6 +4,9 @@
     python -m launch.local -n 2 --launcher torchrun -m mcr.tools.bench_hooks  # torchrun: gloo
     MCR_BACKEND=gloo python -m launch.local -n 2 -m mcr.tools.bench_hooks     # force gloo
 
+A second table (`--issue-cost`, on by default) times an async all-reduce's issue against the
+blocking call at a few sizes (`issue_cost`).
+
 Rows (median µs per call, slowest rank): the chosen backend's library called directly; the
 runtime (`mcr.all_reduce`); the registered ProcessGroup's `allreduce` called from Python;
 `dist.all_reduce`, which adds torch's own Python wrapper; and a functional all-reduce, which
@@ -15,14 +18,16 @@ the rows show pure software cost (useful on a loaded machine).
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
+import time
 
 import torch
 import torch.distributed as dist
 
 from .. import api
 from ..hooks import torch_backend
-from ..measure import time_call
+from ..measure import slowest, time_call
 
 
 def _library_call(rt, name, x):
@@ -66,10 +71,61 @@ def format_rows(rows) -> str:
     return "\n".join(lines)
 
 
+# --- issue cost (issue 21): what issuing an async op costs the caller, against a blocking call ---
+ISSUE_SIZES = (16, 64 << 10, 1 << 20)
+ISSUE_TRAIN = 20  # ops issued back to back, as the EleutherAI cookbook's --async-op mode does
+
+
+def issue_cost(trains: int = 50, sizes=ISSUE_SIZES) -> str:
+    """A table: per size, µs per op of `dist.all_reduce(async_op=True)` issued ISSUE_TRAIN back
+    to back (the issuing timed only; then all are waited on) and of the blocking
+    `dist.all_reduce`, median over `trains` trains of ISSUE_TRAIN, slowest rank. An issue should
+    cost no more than the blocking call: it waits for nothing."""
+    rt = api.runtime()
+    clock = time.perf_counter
+
+    def train(x, async_op):
+        dist.barrier()  # every rank starts the train together: a peer's lateness is not timed
+        start = clock()
+        works = [dist.all_reduce(x, async_op=async_op) for _ in range(ISSUE_TRAIN)]
+        issued = clock() - start
+        for work in works:
+            if work is not None:
+                work.wait()
+        return issued / ISSUE_TRAIN
+
+    lines = [
+        f"\n# async issue cost, dist.all_reduce on backend mcr, {api.get_world_size()} ranks "
+        f"(µs per op, {ISSUE_TRAIN} issued back to back, median of {trains} trains, slowest rank)",
+        f"{'bytes':>9}  {'backend':<8}{'async issue':>12}{'blocking':>10}{'issue/blocking':>16}",
+        "-" * 57,
+    ]
+    for nbytes in sizes:
+        x = torch.ones(max(1, nbytes // 4))
+        chosen, chunk = rt.choose("all_reduce", x.nbytes, rt.world, x.dtype, "cpu")
+        issue, blocking = [], []
+        for _ in range(3):  # warm up: connections, the worker thread, the choice cache
+            train(x, True)
+            train(x, False)
+        for _ in range(trains):  # interleaved: a burst of load hits both alike
+            issue.append(train(x, True))
+            blocking.append(train(x, False))
+        issue_s, blocking_s = slowest(rt, [statistics.median(issue), statistics.median(blocking)])
+        name = chosen.name + (f"/chunk={chunk}" if chunk else "")
+        lines.append(
+            f"{x.nbytes:>9}  {name:<8}{issue_s * 1e6:>12.2f}{blocking_s * 1e6:>10.2f}{issue_s / blocking_s:>16.2f}"
+        )
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=20000, help="calls per row for MPI (gloo: 1/20 of it)")
     parser.add_argument("--repeat", type=int, default=3, help="measure this many times, report the best")
+    parser.add_argument(
+        "--issue-cost", action=argparse.BooleanOptionalAction, default=True, help="the async issue cost table"
+    )
+    parser.add_argument("--issue-trains", type=int, default=50, help="trains of 20 ops per size for that table")
     args = parser.parse_args(argv)
     torch_backend.init_process_group()
     best = None
@@ -78,6 +134,10 @@ def main(argv=None) -> int:
         best = rows if best is None else [(label, min(s, b)) for (label, s), (_, b) in zip(rows, best)]
     if dist.get_rank() == 0:
         print(format_rows(best), flush=True)
+    if args.issue_cost:
+        table = issue_cost(args.issue_trains)
+        if dist.get_rank() == 0:
+            print(table, flush=True)
     dist.destroy_process_group()
     return 0
 
