@@ -63,9 +63,9 @@ def model_sizes(path: str) -> dict:
 def measure_point(op, size, choices, dtype, group, iters, warmup, rounds):
     """(actual bytes, {label: µs or None}) for every candidate at one requested size."""
     live = [c for c in choices if cands.applies(c, size)]
-    seconds, actual = compare(
-        api.runtime(), op, size, [(c.backend, c.chunk_bytes) for c in live], dtype, group, iters, warmup, rounds
-    )
+    # a node-aware candidate runs by its label (node:INTRA+INTER), as backend= on the call
+    runs = [(cands.label(c) if c.inter else c.backend, c.chunk_bytes) for c in live]
+    seconds, actual = compare(api.runtime(), op, size, runs, dtype, group, iters, warmup, rounds)
     row = {cands.label(c): None for c in choices}
     row.update({cands.label(c): round(t * 1e6, 3) for c, t in zip(live, seconds)})
     return actual, row
@@ -232,8 +232,10 @@ def main(argv=None) -> int:
         group = rt.world if g == world else api.new_group(range(g))
         if group.is_member:
             log(f"group of {g} ranks")
+            # node-aware pairs where the group spans nodes with several ranks on each
+            spans = group.shape is not None and group.shape.nodes > 1 and (group.shape.per_node or 1) > 1
             for op in ops:
-                choices = cands.for_op(op, preferred, chunks)
+                choices = cands.for_op(op, preferred, chunks, node_aware=spans)
                 sizes = sorted(set(base) | extra | used.get(op, set()))
                 curves.append(
                     measure_curve(
@@ -243,7 +245,8 @@ def main(argv=None) -> int:
         api.barrier()
     if group_sizes != [world]:
         curves = share_from_rank0(curves)
-    order_by_op = {op: [cands.label(c) for c in cands.for_op(op, preferred, chunks)] for op in ops}
+    spans = rt.shape.nodes > 1 and (rt.shape.per_node or 1) > 1
+    order_by_op = {op: [cands.label(c) for c in cands.for_op(op, preferred, chunks, spans)] for op in ops}
     table = build_table(fingerprint(rt), curves, args.margin, order_by_op, add_to)
     log(f"measured in {time.perf_counter() - started:.0f} s\n")
     log(summary(table))
