@@ -10,11 +10,11 @@ On a machine with as many ranks as cores it must not take a core from compute: i
 while nothing is in flight, and while ops are pending it polls with a pause that doubles from
 MIN_PAUSE_S to MAX_PAUSE_S between tests (back to the minimum when one completes). Each poll
 costs a few microseconds of one core (mpi4py releases the GIL inside MPI calls); a train of
-async ops that their caller waits on costs under 1 µs each more than without the thread
-(4-byte async all-reduce and wait on MPI, 1 rank: 6.2-6.3 µs without, 6.9-7.3 µs with). Calls
-through torch's C++ trampoline pay more on a small VM, where any thread that wakes every
-millisecond slows GIL hand-offs: an async `ProcessGroup.allreduce` + wait went from 11-12 µs to
-17-32 µs (a thread that only sleeps does the same); MCR_PROGRESS_THREAD=0 avoids it.
+async ops their caller waits on costs a little more than without the thread. Calls through
+torch's C++ trampoline pay more on a small VM, where any thread that wakes every millisecond
+slows GIL hand-offs (a thread that only sleeps does the same); MCR_PROGRESS_THREAD=0 avoids it.
+Both are measured by `python -m mcr.tools.bench_hooks` with the thread on and off
+(configs/tuning/vm-n2-bench-hooks.txt, and its async issue table: vm-n2-bench-issue.txt).
 
 It also tells the watchdog about the oldest pending op, so an async op that never completes
 (a dead or diverged peer) ends the job naming it, even when the caller waits on a future from

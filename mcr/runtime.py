@@ -399,7 +399,8 @@ class Runtime:
             driver = self._driver
             if driver is None:
                 return self._run_driving(op, group, fn, comm, args, logged)
-        # the hot path: a 4-byte all-reduce on MPI costs about 1 µs, so every step here counts
+        # the hot path: a 4-byte all-reduce on MPI costs about a microsecond (the library row of
+        # configs/tuning/vm-n2-bench-hooks.txt), so every step here counts
         waits, comm_log = self._waits, self.comm_log if logged else None
         if comm_log is not None:
             started = time.perf_counter()

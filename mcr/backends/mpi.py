@@ -393,7 +393,8 @@ class MPIBackend(Backend):
     def all_to_all(self, g, output_list, input_list, async_op):
         """Each block straight from its input tensor into its output tensor by nonblocking sends
         and receives on the group's twin communicator: packing the lists into one buffer and out
-        again made this 4-10x slower than all_to_all_single (a new buffer costs page faults too)."""
+        again made this several times slower than all_to_all_single (a new buffer costs page
+        faults too; `python -m mcr.tools.bench_forms`, configs/tuning/vm-n2-bench-forms.txt)."""
         twin, me, n = self._twins[id(g)], g.Get_rank(), len(output_list)
         _copy_own_block(output_list[me], input_list[me])
         if not async_op:  # pairwise exchange, as MPI's own all-to-all does it
@@ -434,7 +435,7 @@ class MPIBackend(Backend):
 
 def _copy_own_block(out, inp):
     """The block a rank sends itself (`mcr.all_to_all` checked the sizes match). On the CPU by
-    memmove: torch's copy_ costs ~4-6 µs a call, most of a small list all-to-all's time."""
+    memmove: torch's copy_ costs microseconds a call, most of a small list all-to-all's time."""
     if out.is_cuda or inp.is_cuda:
         out.view(-1).copy_(inp.view(-1))
     else:

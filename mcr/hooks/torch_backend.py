@@ -235,7 +235,7 @@ class RuntimeProcessGroup(dist.ProcessGroup):
 
 
 # torch hands a fresh ReduceOp per call; mapping it (by its enum's int, the cheapest key: a
-# pybind enum hashes in ~0.4 µs) to one canonical enum object lets the runtime's choice cache
+# pybind enum hashes slowly) to one canonical enum object lets the runtime's choice cache
 # match by identity.
 _CANONICAL_OPS = {
     int(op): op
