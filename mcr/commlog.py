@@ -8,9 +8,8 @@ follow. An op the runtime ran in chunks shows once, whole, under its candidate (
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 
+from .files import write_atomic
 from .ops import bus_factor
 
 
@@ -57,12 +56,7 @@ class CommLog:
         return "\n".join(lines)
 
     def write_json(self, path: str) -> None:
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".json")
-        with os.fdopen(fd, "w") as f:
-            json.dump(self.rows(), f, indent=1)
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(self.rows(), indent=1))
 
 
 def human_bytes(n: int) -> str:

@@ -26,6 +26,8 @@ from collections import deque
 from threading import get_ident
 from time import time_ns
 
+from .files import write_atomic
+
 VERSION = "2.10"  # torch's flight-recorder format this file writes (torch 2.10+)
 FILE_PREFIX = "mcr_fr_rank_"  # torchfrtrace takes the rank from the digits after the prefix
 
@@ -111,13 +113,9 @@ class FlightRecorder:
         directory = directory or self.directory
         if directory is None:
             return None
-        with self._dumping:
-            os.makedirs(directory, exist_ok=True)
-            path = os.path.join(directory, f"{FILE_PREFIX}{self.rank}")
-            partial = os.path.join(directory, f".partial-{os.getpid()}")  # no prefix: the analyzer skips it
-            with open(partial, "wb") as out:
-                pickle.dump(self.snapshot(why, frame), out)
-            os.replace(partial, path)
+        path = os.path.join(directory, f"{FILE_PREFIX}{self.rank}")
+        with self._dumping:  # a name not ending in digits: the analyzer takes none for a rank's file
+            write_atomic(path, pickle.dumps(self.snapshot(why, frame)), suffix=".partial")
         return path
 
     def snapshot(self, why: str, frame=None) -> dict:

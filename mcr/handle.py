@@ -50,9 +50,8 @@ class Handle:
         # instead cost each async issue a closure (issue 21: an issue should cost less than a wait)
         self.watch = None  # the runtime's watch(wait, test, handle): watchdog, rule 3, a named error
         self.group = None  # the op's group, for that error
-        self.record = (
-            None  # the op's flight-recorder entry: stamped done here (not by a finisher), started when waited on
-        )
+        # the op's flight-recorder entry: stamped done here (not by a finisher), started when waited on
+        self.record = None
 
     def then(self, finish) -> "Handle":
         """Run `finish()` once the op completes (copy-outs, averaging, accounting)."""

@@ -18,6 +18,7 @@ import json
 import os
 
 from . import flight
+from .files import write_atomic
 
 FILE_PREFIX = "mcr_trace_rank_"
 
@@ -90,10 +91,6 @@ def _meta(what, pid, tid, value) -> dict:
 
 
 def write_rank(recorder, rank: int, directory: str, end_ns: int) -> str:
-    os.makedirs(directory, exist_ok=True)
     path = os.path.join(directory, f"{FILE_PREFIX}{rank}.json")
-    partial = f"{path}.partial"
-    with open(partial, "w") as out:
-        json.dump({"traceEvents": rank_events(recorder, rank, end_ns), "displayTimeUnit": "ms"}, out)
-    os.replace(partial, path)
+    write_atomic(path, json.dumps({"traceEvents": rank_events(recorder, rank, end_ns), "displayTimeUnit": "ms"}))
     return path

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tempfile
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from mcr.config import ConfigError  # one ConfigError in the repository: the runtime's and the apps'
+from mcr.files import write_atomic as write_atomic  # re-exported: checkpoint and metrics import it from here
 
 from .schema import choice as choice  # re-exported: schemas import it from here (model and data modules from .schema)
 
@@ -108,17 +108,6 @@ def check(condition: bool, key: str, message: str) -> None:
 def save_resolved(cfg: DictConfig, path: str) -> None:
     """Write the resolved config as YAML, atomically (a reader never sees half a file)."""
     write_atomic(path, OmegaConf.to_yaml(cfg, resolve=True))
-
-
-def write_atomic(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def to_dict(cfg: Any) -> dict:

@@ -65,7 +65,7 @@ class StepProfiler:
     def __init__(self, run_dir: str, first: int, count: int):
         self.path = os.path.join(run_dir, "trace", f"torch_profile_rank_{dist.get_rank()}.json")
         self.first, self.last = first, first + count - 1
-        self.profile = None
+        self.profile = self.span = None
 
     def before(self, step: int) -> None:
         if step == self.first:

@@ -31,14 +31,14 @@ from __future__ import annotations
 import bisect
 import fnmatch
 import json
-import os
 import socket
-import tempfile
 import zlib
 from dataclasses import asdict, dataclass, field
 from typing import ClassVar, Dict, List, Optional
 
 import yaml
+
+from ..files import write_atomic
 
 FORMAT = "mcr-tuning-table"
 VERSION = 1
@@ -192,12 +192,7 @@ class TuningTable:
 
     def save(self, path: str) -> None:
         """Write atomically: a reader never sees half a table."""
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tuning-", suffix=".yaml")
-        with os.fdopen(fd, "w") as f:
-            yaml.safe_dump(self.to_dict(), f, sort_keys=False, default_flow_style=None, width=120)
-        os.replace(tmp, path)
+        write_atomic(path, yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None, width=120))
         self.path = path
 
     @classmethod
