@@ -59,10 +59,16 @@ def test_every_op_of_every_rank_is_in_the_merged_trace_with_send_to_recv_arrows(
     backend_spans = [e for e in spans if e["tid"] >= 1000]
     for flow_id, start in starts.items():
         end = ends[flow_id]
-        send = [e for e in backend_spans if e["name"] == "send" and e["pid"] == start["pid"] and e["ts"] == start["ts"]]
-        recv = [e for e in backend_spans if e["name"] == "recv" and e["pid"] == end["pid"] and e["tid"] == end["tid"]]
-        assert len(send) == 1 and send[0]["args"]["dst"] == end["pid"] != start["pid"], (start, end)
-        assert any(r["ts"] <= end["ts"] <= r["ts"] + r["dur"] for r in recv), (end, recv)
+        src, dst = start["pid"], end["pid"]
+        sent = sorted((e for e in backend_spans if e["name"] == "send" and e["pid"] == src), key=lambda e: e["ts"])
+        taken = sorted(
+            (e for e in backend_spans if e["name"] == "recv" and e["pid"] == dst and e["args"]["src"] == src),
+            key=lambda e: e["ts"],
+        )
+        k = [e["ts"] for e in sent].index(start["ts"])  # the arrow leaves the k-th send from src to dst ...
+        assert sent[k]["args"]["dst"] == dst != src, (start, end)
+        recv = taken[k]  # ... and lands in the k-th receive at dst from src: non-overtaking order
+        assert recv["tid"] == end["tid"] and recv["ts"] <= end["ts"] <= recv["ts"] + recv["dur"], (end, recv)
         assert start["ts"] <= end["ts"], (start, end)  # a receive ends after its send began
 
 
