@@ -3,8 +3,9 @@
     python -m launch.local -n 2 -m mcr.tools.bench [--ops all_reduce,all_to_all] [--max-bytes 64M]
 
 For each op and message size: latency (µs) and bus bandwidth (GB/s) on every available
-backend and on the runtime's own choice ("auto", with the backend it picked and its distance
-from the best single backend), then the runtime's per-call overhead against calling each
+backend (or the candidates --backends names: a backend, mpi/chunk=1M, node:mpi+gloo) and on the
+runtime's own choice ("auto", with the candidate it picked and its distance from the best one
+listed), then the runtime's per-call overhead against calling each
 backend library directly on a 4-byte all-reduce.
 """
 
@@ -20,7 +21,7 @@ from .. import api
 from ..commlog import human_bytes
 from ..measure import MEASURABLE_OPS, compare, time_call
 from ..ops import bus_factor
-from ..tuning.candidates import short_bytes
+from ..tuning import candidates as cands
 
 DEFAULT_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 
@@ -50,37 +51,44 @@ def sweep(ops, backends, sizes, dtype, iters=None, rounds=3):
     for op in ops:
         for size in sizes:
             row = {"op": op}
-            timed = [(None if name == "auto" else name, 0) for name in backends]
+            timed = [(None, 0) if name == "auto" else _run_as(name) for name in backends]
             seconds, actual = compare(rt, op, size, timed, dtype, iters=iters, rounds=rounds)
             if rows and rows[-1]["op"] == op and rows[-1]["bytes"] == actual:
                 continue  # rounded up to the same message as the last size (divisible by n)
             row.update(zip(backends, seconds))
             row["bytes"] = actual
             if "auto" in backends:
-                chosen, chunk = rt.choose(op, actual, rt.world, dtype, "cpu")
-                chunked = chunk and op == "all_reduce" and actual > chunk  # mcr.api runs it in chunks
-                row["auto_backend"] = chosen.name + (f"/{short_bytes(chunk)}" if chunked else "")
+                route = rt.route(op, actual, rt.world, dtype, "cpu")
+                chunked = route.chunk_bytes and op == "all_reduce" and actual > route.chunk_bytes  # run in chunks
+                row["auto_backend"] = route.op.backend + (f"/{cands.short_bytes(route.chunk_bytes)}" if chunked else "")
             row["busbw_factor"] = bus_factor(op, n)
             rows.append(row)
     return rows
+
+
+def _run_as(label):
+    """(backend= for the call, chunk bytes) of a candidate label: node-aware ones run by label."""
+    choice = cands.parse_label(label)
+    return (label, 0) if choice.inter else (choice.backend, choice.chunk_bytes)
 
 
 def format_table(rows, backends) -> str:
     singles = [b for b in backends if b != "auto"]
     out = []
     for op in dict.fromkeys(r["op"] for r in rows):
-        header = f"{'size':>9}" + "".join(f"{b + ' us':>12}{b + ' busbw':>12}" for b in singles)
+        width = max([12] + [len(b) + 7 for b in singles])
+        header = f"{'size':>9}" + "".join(f"{b + ' us':>{width}}{b + ' busbw':>{width}}" for b in singles)
         if "auto" in backends:
-            header += f"{'auto':>9}{'auto us':>11}{'vs best':>9}"
+            header += f"{'auto':>14}{'auto us':>11}{'vs best':>9}"
         out += [f"\n# {op} ({api.get_world_size()} ranks; busbw in GB/s, nccl-tests factor)", header, "-" * len(header)]
         for r in (r for r in rows if r["op"] == op):
             line = f"{human_bytes(r['bytes']):>9}"
             for b in singles:
                 bw = r["bytes"] / r[b] / 1e9 * r["busbw_factor"] if r[b] > 0 else 0.0
-                line += f"{r[b] * 1e6:>12.1f}{bw:>12.3f}"
+                line += f"{r[b] * 1e6:>{width}.1f}{bw:>{width}.3f}"
             if "auto" in backends:
                 best = min(r[b] for b in singles) if singles else r["auto"]
-                line += f"{r['auto_backend']:>9}{r['auto'] * 1e6:>11.1f}{(r['auto'] / best - 1) * 100:>+8.1f}%"
+                line += f"{r['auto_backend']:>14}{r['auto'] * 1e6:>11.1f}{(r['auto'] / best - 1) * 100:>+8.1f}%"
             out.append(line)
     return "\n".join(out)
 
@@ -151,8 +159,15 @@ def main(argv=None) -> int:
         ops.remove("send_recv")
     backends = args.backends.split(",") if args.backends else list(rt.backends) + ["auto"]
     for name in backends:
-        if name != "auto" and name not in rt.backends:
-            parser.error(f"backend {name!r} is unavailable here: {rt.unavailable.get(name, 'unknown backend')}")
+        if name == "auto":
+            continue
+        try:
+            choice = cands.parse_label(name)
+        except ValueError as exc:
+            parser.error(str(exc))
+        for part in (choice.backend, choice.inter):
+            if part and part not in rt.backends:
+                parser.error(f"backend {part!r} is unavailable here: {rt.unavailable.get(part, 'unknown backend')}")
     dtype = getattr(torch, args.dtype)
     sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes))
     rows = sweep(ops, backends, sizes, dtype, args.iters, args.rounds)
