@@ -146,6 +146,11 @@ def parse_args(argv):
     p.add_argument("--sizes", default="", help="extra message sizes for every op, e.g. 3M,786432")
     p.add_argument("--sizes-from", default=None, help="comm log JSON of a model run: measure the sizes it used")
     p.add_argument("--chunks", default="256K,1M,4M", help="all-reduce chunk sizes to try as candidates ('' for none)")
+    p.add_argument(
+        "--skip",
+        default="",
+        help="candidates not to measure, e.g. node:gloo+mpi,gloo/chunk=1M (labels as in the table)",
+    )
     p.add_argument("--group-sizes", default=None, help="comma list of group sizes to tune (default: the world)")
     p.add_argument("--iters", type=int, default=None, help="iterations per point (default: scaled by size)")
     p.add_argument("--warmup", type=int, default=5)
@@ -212,6 +217,7 @@ def main(argv=None) -> int:
         b for b in backends if b not in builtin_order("cpu")
     ]
     chunks = [cands.parse_bytes(c) for c in args.chunks.split(",") if c.strip()]
+    skip = {cands.label(cands.parse_label(c.strip())) for c in args.skip.split(",") if c.strip()}
     group_sizes = [int(g) for g in args.group_sizes.split(",")] if args.group_sizes else [world]
     bad = [g for g in group_sizes if not 2 <= g <= world]
     if bad:
@@ -235,7 +241,9 @@ def main(argv=None) -> int:
             # node-aware pairs where the group spans nodes with several ranks on each
             spans = group.shape is not None and group.shape.nodes > 1 and (group.shape.per_node or 1) > 1
             for op in ops:
-                choices = cands.for_op(op, preferred, chunks, node_aware=spans)
+                choices = [
+                    c for c in cands.for_op(op, preferred, chunks, node_aware=spans) if cands.label(c) not in skip
+                ]
                 sizes = sorted(set(base) | extra | used.get(op, set()))
                 curves.append(
                     measure_curve(
@@ -246,7 +254,10 @@ def main(argv=None) -> int:
     if group_sizes != [world]:
         curves = share_from_rank0(curves)
     spans = rt.shape.nodes > 1 and (rt.shape.per_node or 1) > 1
-    order_by_op = {op: [cands.label(c) for c in cands.for_op(op, preferred, chunks, spans)] for op in ops}
+    order_by_op = {
+        op: [label for label in map(cands.label, cands.for_op(op, preferred, chunks, spans)) if label not in skip]
+        for op in ops
+    }
     table = build_table(fingerprint(rt), curves, args.margin, order_by_op, add_to)
     log(f"measured in {time.perf_counter() - started:.0f} s\n")
     log(summary(table))
