@@ -122,6 +122,7 @@ def entries_for(curve: Curve, margin: float = DEFAULT_MARGIN, order=None, dtype:
                 backend=choice.backend,
                 dtype=dtype,
                 chunk_bytes=choice.chunk_bytes,
+                inter=choice.inter,  # a node-aware winner (node:INTRA+INTER): both phases' backends
                 predicted=predicted,
                 latency_us=latency,
                 latency_at_bytes=at,

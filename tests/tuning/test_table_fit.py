@@ -62,3 +62,20 @@ def test_runtime_refuses_a_table_for_another_world_size_and_uses_it_when_asked(t
         assert f"rank {rank}: all_reduce 1024 -> mpi chunk 0" in used, used
         assert f"rank {rank}: all_reduce 8388608 -> gloo chunk 0" in used, used
         assert f"rank {rank}:" in used and "predicted True" in used
+
+
+def test_a_node_aware_winner_is_written_as_the_pair_and_read_back_as_it(tmp_path):
+    # 2 x 2 ranks: flat mpi wins small messages, node:mpi+gloo large ones; before, the entry kept
+    # only the intra backend, so the table sent those sizes to flat mpi
+    lat = {
+        "mpi": [2 + 4e-4 * s for s in SIZES],
+        "gloo": [300 + 3e-4 * s for s in SIZES],
+        "node:mpi+gloo": [60 + 1e-4 * s for s in SIZES],
+    }
+    curve = Curve("all_reduce", 4, "float32", SIZES, lat)
+    path = tmp_path / "2x2.yaml"
+    fp = {"hostname": "*", "world_size": 4, "ranks_per_node": 2, "nodes": 2}
+    TuningTable(fp, entries_for(curve), None, [curve]).save(str(path))
+    entries = TuningTable.load(str(path)).entries
+    assert [(e.choice.backend, e.choice.inter) for e in entries][0] == ("mpi", "")
+    assert (entries[-1].backend, entries[-1].inter, entries[-1].max_bytes) == ("mpi", "gloo", None), entries
