@@ -177,10 +177,15 @@ def _average(name, tensor, op, group_size):
 # Each op checks its arguments and sizes its message (the nbytes it passes), then hands the rest
 # to Runtime.call: choose the backend, run the backend's method of the given name, post-step.
 def all_reduce(tensor, op=_SUM, group=None, async_op=False, backend=None):
-    rt, g = _start(group)
+    # the hot path (configs/tuning/vm-n2-bench-hooks.txt): _start and a SUM's _average inlined
+    rt = _runtime or runtime()
+    g = rt.world if group is None else group
     if type(tensor) is not torch.Tensor or not tensor.is_contiguous():  # the full check only off the hot path
         _check("all_reduce", tensor)
-    op, after = _average("all_reduce", tensor, op, g.size)
+    if op is _SUM:
+        op, after = "sum", None
+    else:
+        op, after = _average("all_reduce", tensor, op, g.size)
     return rt.call("all_reduce", "all_reduce", tensor.nbytes, g, tensor, backend, async_op, (tensor, op), op, after)
 
 

@@ -17,10 +17,12 @@ class CommLog:
     def __init__(self):
         self._rows = {}  # (op, backend, nbytes, group_size) -> [count, total_s]
 
-    def record(self, op: str, backend: str, nbytes: int, group_size: int, seconds: float) -> None:
-        row = self._rows.get((op, backend, nbytes, group_size))
+    def record(self, op, seconds: float) -> None:
+        """`op`: a tuple (op, backend, nbytes, group_size), such as the runtime's OpCall, used
+        as the key as it is (the hot path builds no tuple)."""
+        row = self._rows.get(op)
         if row is None:
-            self._rows[(op, backend, nbytes, group_size)] = [1, seconds]
+            self._rows[tuple(op)] = [1, seconds]
         else:
             row[0] += 1
             row[1] += seconds

@@ -68,7 +68,7 @@ class FlightRecorder:
 
     def issue(self, route, group, method, async_op, peer=None):
         """A new entry for a call about to run; `entry[DONE]` (ns) is set when it completes (by the
-        caller for a blocking call, by the handle for an async one: `Handle.stamp_done`).
+        caller for a blocking call, by the handle for an async one: `Handle.issued`).
         It runs on every call (its cost: configs/tuning/vm-n2-bench-flight-recorder.txt): nothing
         formatted, no lock (one thread issues a rank's ops; a dump copies the ring first)."""
         record = self.next_record

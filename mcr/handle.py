@@ -15,7 +15,7 @@ their results. Read `done`; never set it.
 from __future__ import annotations
 
 from threading import Lock
-from time import time_ns
+from time import perf_counter, time_ns
 
 from .flight import DONE
 
@@ -34,6 +34,7 @@ class Handle:
         "watch",
         "group",
         "record",
+        "_log",
     )
 
     def __init__(self, wait, test, keep=None, finish=None):
@@ -52,6 +53,23 @@ class Handle:
         self.group = None  # the op's group, for that error
         # the op's flight-recorder entry: stamped done here (not by a finisher), started when waited on
         self.record = None
+        self._log = None  # (comm log, issue time): the op's time recorded at completion
+
+    def issued(self, op, watch, group, comm_log=None, started=0.0, record=None) -> None:
+        """The runtime's facts about the op, set once at issue under one lock (a finisher closure
+        and a second lock per issue cost more: issue 21): its OpCall, watch and group, the comm
+        log that times it from `started` (perf_counter), the flight-recorder entry to stamp
+        done. An op already complete (on the MPI worker) is logged and stamped now."""
+        self.op, self.watch, self.group = op, watch, group
+        with self._lock:
+            if not self.done:
+                self.record = record
+                self._log = None if comm_log is None else (comm_log, started)
+                return
+        if comm_log is not None:
+            comm_log.record(op, perf_counter() - started)
+        if record is not None:
+            record[DONE] = time_ns()
 
     def then(self, finish) -> "Handle":
         """Run `finish()` once the op completes (copy-outs, averaging, accounting)."""
@@ -97,6 +115,9 @@ class Handle:
         self._finishers = ()
         self._keep = None
         self._wait = self._test = None  # the request or Work, and the buffers a Work holds
+        if self._log is not None:
+            comm_log, started = self._log
+            comm_log.record(self.op, perf_counter() - started)
         if self.record is not None:
             self.record[DONE] = time_ns()
         self.done = True

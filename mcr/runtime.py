@@ -38,7 +38,7 @@ import sys
 import time
 import zlib
 from threading import Event, Thread, get_ident
-from time import time_ns
+from time import perf_counter, time_ns
 from typing import NamedTuple
 
 import torch
@@ -135,6 +135,7 @@ class Runtime:
         self._waits = self.watchdog.waits if self.watchdog is not None else None
         self._watch = self._watched_wait  # bound once: every async handle carries it
         self._choices = {}
+        self._ready = {}  # call()'s cache: (method, nbytes, gid, dtype, is_cuda, explicit, op) -> ready call
         self._node_groups = {}  # group gid -> its node-local and peer groups (node_groups())
         self._forced = None  # force_backend()
         self._warned = set()
@@ -281,24 +282,33 @@ class Runtime:
         `nbytes` is the op's message size by its own rule; `tensor` gives dtype and device."""
         if self._checker is not None and family != "send_recv":
             self._checker.check(family, group, nbytes, tensor.dtype, reduce_op)
-        route = self.route(
-            family, nbytes, group, tensor.dtype, "cuda" if tensor.is_cuda else "cpu", explicit, reduce_op
-        )
+        # one lookup finds the route and, for a plain one, the backend's bound method and the
+        # group's communicator (the choice itself is cached by `route`, keyed by op family)
+        ready = self._ready.get((method, nbytes, group.gid, tensor.dtype, tensor.is_cuda, explicit, reduce_op))
+        if ready is None:
+            ready = self._make_ready(family, method, nbytes, group, tensor, explicit, reduce_op)
+        route, fn, comm = ready
         recorder = self.recorder
         if recorder is not None:
             entry = recorder.issue(route, group, method, async_op, args[1] if family == "send_recv" else None)
-        if route.chunk_bytes and nbytes > route.chunk_bytes:
-            result = self._run_chunked(route, group, tensor, reduce_op, async_op)
-        elif route.plan is not None:
-            result = self._run_node_aware(route, group, method, args, async_op)
         else:
-            backend = route.backend
-            result = self.run(route.op, group, async_op, getattr(backend, method), group.comms[backend.name], args)
-        if recorder is not None:
+            entry = None
+        if fn is None:
+            result = (
+                self._run_node_aware(route, group, method, args, async_op)
+                if route.plan is not None
+                else self._run_chunked(route, group, tensor, reduce_op, async_op)
+            )
+            if entry is not None and async_op:
+                result.stamp_done(entry)
+        elif async_op:
+            result = self._run_async(route.op, group, fn, comm, args, True, entry)
+        else:
+            result = self.run(route.op, group, False, fn, comm, args)
+        if entry is not None:
             if not async_op:
                 entry[DONE] = time_ns()
             else:
-                result.stamp_done(entry)  # not a finisher: a partial per issue cost more
                 entry[RETURNED] = time_ns()
         if after is None:
             return result
@@ -306,6 +316,20 @@ class Runtime:
             return result.then(after)
         after()
         return None
+
+    def _make_ready(self, family, method, nbytes, group, tensor, explicit, reduce_op):
+        """(route, bound method, communicator) for `call`'s cache; method and communicator None
+        where the route runs in chunks or phases (`_run_chunked`, `_run_node_aware`)."""
+        device_type = "cuda" if tensor.is_cuda else "cpu"
+        route = self.route(family, nbytes, group, tensor.dtype, device_type, explicit, reduce_op)
+        fn = comm = None
+        if route.plan is None and not (route.chunk_bytes and nbytes > route.chunk_bytes):
+            fn, comm = getattr(route.backend, method), group.comms[route.backend.name]
+        if len(self._ready) > 65536:
+            self._ready.clear()  # bounded, as the choices are
+        key = (method, nbytes, group.gid, tensor.dtype, tensor.is_cuda, explicit, reduce_op)
+        ready = self._ready[key] = (route, fn, comm)
+        return ready
 
     def _profiled_call(self, family, method, *args, **kwargs):
         """`call` inside a torch.profiler span while a profiler runs (tracing only: off the hot path)."""
@@ -323,6 +347,7 @@ class Runtime:
             self._require(name, "force_backend", "asked for by force_backend()")
         self._forced = name
         self._choices.clear()
+        self._ready.clear()
 
     def choose(self, family, nbytes, group, dtype, device_type, explicit=None, reduce_op=None):
         """(backend, chunk_bytes) for this call; the same on every rank of the group."""
@@ -403,7 +428,7 @@ class Runtime:
         # configs/tuning/vm-n2-bench-hooks.txt), so every step here counts
         waits, comm_log = self._waits, self.comm_log if logged else None
         if comm_log is not None:
-            started = time.perf_counter()
+            started = perf_counter()
         if waits is not None:
             thread = get_ident()
             waits[thread] = op
@@ -418,20 +443,18 @@ class Runtime:
             if waits is not None:
                 del waits[thread]
         if comm_log is not None:
-            comm_log.record(*op, time.perf_counter() - started)
+            comm_log.record(op, perf_counter() - started)
 
-    def _run_async(self, op, group, fn, comm, args, logged=True):
-        logged = logged and self.comm_log is not None
-        started = time.perf_counter() if logged else 0.0
+    def _run_async(self, op, group, fn, comm, args, logged=True, entry=None):
+        """`entry`: the op's flight-recorder entry, stamped done when the op completes."""
+        comm_log = self.comm_log if logged else None
+        started = perf_counter() if comm_log is not None else 0.0
         try:
             handle = fn(comm, *args, True)
         except Exception as exc:
             raise self._error(op, group, exc) from exc
         # the watch (watchdog, rule 3, the error naming the op) runs only if the handle is waited on
-        handle.op, handle.watch, handle.group = op, self._watch, group
-        if logged:
-            comm_log = self.comm_log
-            handle.then(lambda: comm_log.record(*op, time.perf_counter() - started))
+        handle.issued(op, self._watch, group, comm_log, started, entry)
         self.hold(None if op.family == "send_recv" else comm, handle, op.backend in self._needs_driving)
         return handle
 
@@ -484,7 +507,7 @@ class Runtime:
         phase needs an earlier one's result, and issuing it from another thread later would
         break the issue order the mixing rules rest on; the handle comes back complete."""
         plan, groups = route.plan, self.node_groups(group)
-        family, started = route.op.family, time.perf_counter()
+        family, started = route.op.family, perf_counter()
 
         def phase(where, phase_method, *phase_args):
             backend, sub = (plan.intra, groups.local) if where == "intra" else (plan.inter, groups.peers)
@@ -494,7 +517,7 @@ class Runtime:
 
         node_aware.run(method, args, groups, phase)
         if self.comm_log is not None:
-            self.comm_log.record(*route.op, time.perf_counter() - started)
+            self.comm_log.record(route.op, perf_counter() - started)
         if not async_op:
             return None
         handle = Handle(lambda: None, lambda: True)
@@ -510,7 +533,7 @@ class Runtime:
         fn, comm = backend.all_reduce, group.comms[backend.name]
         flat = tensor.view(-1)
         per = max(1, route.chunk_bytes // tensor.element_size())
-        started, comm_log = time.perf_counter(), self.comm_log
+        started, comm_log = perf_counter(), self.comm_log
         whole = route.op._replace(backend=label(Choice(backend.name, route.chunk_bytes)))
         handles = []
         for start in range(0, flat.numel(), per):
@@ -519,11 +542,11 @@ class Runtime:
             handles.append(self.run(op, group, async_op, fn, comm, (part, reduce_op), logged=False))
         if not async_op:
             if comm_log is not None:
-                comm_log.record(*whole, time.perf_counter() - started)
+                comm_log.record(whole, perf_counter() - started)
             return None
         handle = Handle(lambda: [h.wait() for h in handles], lambda: all(h.is_completed() for h in handles), tensor)
         if comm_log is not None:
-            handle.then(lambda: comm_log.record(*whole, time.perf_counter() - started))
+            handle.then(lambda: comm_log.record(whole, perf_counter() - started))
         handle.op = whole
         self.hold(comm, handle)  # the caller may drop it: its post-step (AVG) must still run
         return handle

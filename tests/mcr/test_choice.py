@@ -73,6 +73,19 @@ def test_each_rung_of_the_choice_decides_exactly_the_ops_it_covers(tmp_path, run
     assert got == want, (rung, got)
 
 
+def test_force_backend_moves_every_op_that_follows_and_none_gives_the_choice_back(tmp_path):
+    # the same calls before, under and after force_backend("gloo"): the runtime caches each call's
+    # route, and a cache that outlived force_backend would keep them all on mpi
+    log_path = tmp_path / "comm.json"
+    out = run_script(2, os.path.join(SCRIPTS, "precedence.py"), "forced", env={"MCR_COMM_LOG_JSON": str(log_path)})
+    assert out.check().output.count("precedence ran") == 2
+    counts = {}
+    for row in json.loads(log_path.read_text()):
+        if row["op"] in FAMILIES:
+            counts.setdefault(row["op"], {})[row["backend"]] = row["count"]
+    assert counts == {family: {"mpi": 2, "gloo": 1} for family in FAMILIES}, counts
+
+
 def test_comm_log_json_and_bus_bandwidth_factors_at_3_ranks(tmp_path):
     # at 2 ranks the all-reduce factor 2(n-1)/n equals 1; at 3 every factor differs from 1
     log_path = tmp_path / "comm.json"
