@@ -17,7 +17,7 @@ class GroupInfo:
 
 
 class Group:
-    __slots__ = ("gid", "ranks", "rank", "size", "comms", "shape", "_to_group_rank", "info")
+    __slots__ = ("gid", "ranks", "rank", "size", "comms", "shape", "_to_group_rank", "info", "ready")
 
     def __init__(self, gid: Hashable, ranks, my_global_rank: int, shape=None):
         # the group's key in the choice cache and the tuner: an int for groups the runtime numbers
@@ -32,6 +32,10 @@ class Group:
         # the size, and what node-aware candidates need; None where no topology was given
         self.shape = shape
         self.info = GroupInfo(gid, self.ranks, self.rank)
+        # Runtime.call's cache of ready calls on this group: (route, bound method, communicator).
+        # Kept here, with the communicators it holds: a group torch destroys takes it along, and a
+        # later group with the same key (torch's hashed names) starts empty
+        self.ready = {}
 
     @property
     def nodes(self):

@@ -135,7 +135,6 @@ class Runtime:
         self._waits = self.watchdog.waits if self.watchdog is not None else None
         self._watch = self._watched_wait  # bound once: every async handle carries it
         self._choices = {}
-        self._ready = {}  # call()'s cache: (method, nbytes, gid, dtype, is_cuda, explicit, op) -> ready call
         self._node_groups = {}  # group gid -> its node-local and peer groups (node_groups())
         self._forced = None  # force_backend()
         self._warned = set()
@@ -284,7 +283,7 @@ class Runtime:
             self._checker.check(family, group, nbytes, tensor.dtype, reduce_op)
         # one lookup finds the route and, for a plain one, the backend's bound method and the
         # group's communicator (the choice itself is cached by `route`, keyed by op family)
-        ready = self._ready.get((method, nbytes, group.gid, tensor.dtype, tensor.is_cuda, explicit, reduce_op))
+        ready = group.ready.get((method, nbytes, tensor.dtype, tensor.is_cuda, explicit, reduce_op, self._forced))
         if ready is None:
             ready = self._make_ready(family, method, nbytes, group, tensor, explicit, reduce_op)
         route, fn, comm = ready
@@ -318,17 +317,18 @@ class Runtime:
         return None
 
     def _make_ready(self, family, method, nbytes, group, tensor, explicit, reduce_op):
-        """(route, bound method, communicator) for `call`'s cache; method and communicator None
-        where the route runs in chunks or phases (`_run_chunked`, `_run_node_aware`)."""
+        """(route, bound method, communicator) for `call`'s cache on the group, keyed with the
+        backend force_backend() names (forcing one never meets an older call); method and
+        communicator None where the route runs in chunks or phases (`_run_chunked`, `_run_node_aware`)."""
         device_type = "cuda" if tensor.is_cuda else "cpu"
         route = self.route(family, nbytes, group, tensor.dtype, device_type, explicit, reduce_op)
         fn = comm = None
         if route.plan is None and not (route.chunk_bytes and nbytes > route.chunk_bytes):
             fn, comm = getattr(route.backend, method), group.comms[route.backend.name]
-        if len(self._ready) > 65536:
-            self._ready.clear()  # bounded, as the choices are
-        key = (method, nbytes, group.gid, tensor.dtype, tensor.is_cuda, explicit, reduce_op)
-        ready = self._ready[key] = (route, fn, comm)
+        if len(group.ready) > 65536:
+            group.ready.clear()  # bounded, as the choices are
+        key = (method, nbytes, tensor.dtype, tensor.is_cuda, explicit, reduce_op, self._forced)
+        ready = group.ready[key] = (route, fn, comm)
         return ready
 
     def _profiled_call(self, family, method, *args, **kwargs):
@@ -347,7 +347,6 @@ class Runtime:
             self._require(name, "force_backend", "asked for by force_backend()")
         self._forced = name
         self._choices.clear()
-        self._ready.clear()
 
     def choose(self, family, nbytes, group, dtype, device_type, explicit=None, reduce_op=None):
         """(backend, chunk_bytes) for this call; the same on every rank of the group."""

@@ -28,6 +28,13 @@ def test_every_op_correct_under_torchrun_init_process_group_mcr():
     assert "gives no MPI world" in out  # the runtime says once why MPI is missing
 
 
+def test_a_group_made_again_with_the_same_ranks_runs_on_its_own_communicators():
+    # torch gives such groups the same name; a per-key cache of communicators outliving the
+    # destroyed group would hand the second one the first one's freed communicator
+    out = run("regroup_script.py")
+    assert out.count("regroup OK") == 2, out[-3000:]
+
+
 @pytest.fixture(scope="module")
 def gloo_ddp_losses():
     return tagged(run("ddp_script.py", "gloo", launcher="torchrun"), "LOSSES")
