@@ -630,4 +630,5 @@ class Runtime:
         # exception", seen once in CI under torchrun). torch's destroy_process_group does the same.
         for group in self._groups:
             group.comms.clear()
+            group.ready.clear()  # call()'s cache holds the communicators too
         self._groups.clear()
