@@ -4,6 +4,7 @@ scheduler's own directives and time format, and clear errors for bad system file
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ import pytest
 from launch.cli import check_resume_dir, main
 from launch.scripts import Job, job_script
 from launch.systems import REPO, SYSTEMS_DIR, LaunchError, load_system, parse_time, walltime
+from tests.ranks import clean_env
 
 SYSTEMS = sorted(f[: -len(".yaml")] for f in os.listdir(SYSTEMS_DIR) if f.endswith(".yaml"))
 
@@ -162,3 +164,28 @@ def test_resume_refuses_a_run_dir_with_nothing_to_resume(tmp_path):
             check_resume_dir(str(path), "moe")
     with pytest.raises(LaunchError, match="not a run of dense"):
         check_resume_dir(str(tmp_path / "moe-7"), "dense")
+
+
+def test_local_launcher_passes_mpiexec_args_through_and_refuses_them_for_torchrun(tmp_path):
+    # what a compare across nodes relies on (--mpiexec-args "--host node1:1,node2:1 ..."): the
+    # options reach mpiexec; here --output tag, whose effect shows on every rank's line
+    script = tmp_path / "hello.py"
+    script.write_text("print('hello from a rank', flush=True)\n")
+    launch = [sys.executable, "-m", "launch.local", "-n", "2"]
+    tagged = subprocess.run(
+        [*launch, "--mpiexec-args", "--output tag", str(script)],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert tagged.returncode == 0, tagged.stdout + tagged.stderr
+    assert sorted(re.findall(r"\[\d+,(\d)\]<stdout>: hello from a rank", tagged.stdout)) == ["0", "1"], tagged.stdout
+    refused = subprocess.run(
+        [*launch, "--launcher", "torchrun", "--mpiexec-args", "--output tag", str(script)],
+        cwd=REPO,
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+    )
+    assert refused.returncode == 2 and "--mpiexec-args needs --launcher mpiexec" in refused.stderr, refused.stderr

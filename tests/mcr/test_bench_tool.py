@@ -1,0 +1,32 @@
+"""`python -m mcr.tools.bench`: any candidate label in --backends, timed beside the runtime's
+choice, on a real 2-rank job."""
+
+import json
+
+from mcr.tuning.table import Entry, TuningTable
+from tests.ranks import run_ranks
+
+
+def test_bench_times_candidate_labels_beside_auto_and_names_the_choice(tmp_path):
+    # a table sending 64 KiB+ all-reduces to chunked mpi: auto must name that candidate, and the
+    # chunked label must be timed as its own column
+    table = tmp_path / "t.yaml"
+    entries = [
+        Entry(op="all_reduce", group_size=2, min_bytes=0, max_bytes=65536, backend="gloo"),
+        Entry(op="all_reduce", group_size=2, min_bytes=65536, max_bytes=None, backend="mpi", chunk_bytes=32768),
+    ]
+    TuningTable({"world_size": 2}, entries).save(str(table))
+    rows_path = tmp_path / "rows.json"
+    args = ["--ops", "all_reduce", "--min-bytes", "32K", "--max-bytes", "128K", "--iters", "3", "--rounds", "1"]
+    args += ["--backends", "gloo,mpi/chunk=32K,auto", "--tuning", str(table), "--no-overhead", "--json", str(rows_path)]
+    out = run_ranks(2, ["-m", "mcr.tools.bench", *args]).check().output
+    assert "mpi/chunk=32K us" in out, out[-3000:]
+    rows = json.loads(rows_path.read_text())["rows"]
+    assert [r["bytes"] for r in rows] == [32768, 65536, 131072], rows
+    assert [r["auto_backend"] for r in rows] == ["gloo", "mpi/32K", "mpi/32K"], rows
+    assert all(r[c] > 0 for r in rows for c in ("gloo", "mpi/chunk=32K", "auto")), rows
+
+
+def test_bench_refuses_a_bad_label_naming_it():
+    result = run_ranks(2, ["-m", "mcr.tools.bench", "--ops", "all_reduce", "--backends", "mpi/chunks=1M"])
+    assert result.returncode != 0 and "bad candidate 'mpi/chunks=1M'" in result.output, result.output[-3000:]
