@@ -56,20 +56,11 @@ class Handle:
         self._log = None  # (comm log, issue time): the op's time recorded at completion
 
     def issued(self, op, watch, group, comm_log=None, started=0.0, record=None) -> None:
-        """The runtime's facts about the op, set once at issue under one lock (a finisher closure
-        and a second lock per issue cost more: issue 21): its OpCall, watch and group, the comm
-        log that times it from `started` (perf_counter), the flight-recorder entry to stamp
-        done. An op already complete (on the MPI worker) is logged and stamped now."""
+        """The runtime's facts about the op, set once at issue (a finisher closure and a second
+        lock per issue cost more: issue 21): its OpCall, watch and group, the comm log that times
+        it from `started` (perf_counter), the flight-recorder entry to stamp done."""
         self.op, self.watch, self.group = op, watch, group
-        with self._lock:
-            if not self.done:
-                self.record = record
-                self._log = None if comm_log is None else (comm_log, started)
-                return
-        if comm_log is not None:
-            comm_log.record(op, perf_counter() - started)
-        if record is not None:
-            record[DONE] = time_ns()
+        self._at_completion(comm_log, started, record)
 
     def then(self, finish) -> "Handle":
         """Run `finish()` once the op completes (copy-outs, averaging, accounting)."""
@@ -82,11 +73,22 @@ class Handle:
 
     def stamp_done(self, entry) -> None:
         """Set a flight-recorder entry's DONE time when the op completes (now if it has)."""
+        self._at_completion(None, 0.0, entry)
+
+    def _at_completion(self, comm_log, started, record) -> None:
+        """Log the op's time and stamp its entry when it completes, under the lock that
+        completion takes; an op already complete (on the MPI worker) is logged and stamped now."""
         with self._lock:
             if not self.done:
-                self.record = entry
+                if record is not None:
+                    self.record = record
+                if comm_log is not None:
+                    self._log = (comm_log, started)
                 return
-        entry[DONE] = time_ns()
+        if comm_log is not None:
+            comm_log.record(self.op, perf_counter() - started)
+        if record is not None:
+            record[DONE] = time_ns()
 
     def wait(self, timeout=None) -> bool:
         if not self.done:

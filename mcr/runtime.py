@@ -283,9 +283,10 @@ class Runtime:
             self._checker.check(family, group, nbytes, tensor.dtype, reduce_op)
         # one lookup finds the route and, for a plain one, the backend's bound method and the
         # group's communicator (the choice itself is cached by `route`, keyed by op family)
-        ready = group.ready.get((method, nbytes, tensor.dtype, tensor.is_cuda, explicit, reduce_op, self._forced))
+        key = (method, nbytes, tensor.dtype, tensor.is_cuda, explicit, reduce_op, self._forced)
+        ready = group.ready.get(key)
         if ready is None:
-            ready = self._make_ready(family, method, nbytes, group, tensor, explicit, reduce_op)
+            ready = self._make_ready(key, family, group, tensor)
         route, fn, comm = ready
         recorder = self.recorder
         if recorder is not None:
@@ -316,18 +317,18 @@ class Runtime:
         after()
         return None
 
-    def _make_ready(self, family, method, nbytes, group, tensor, explicit, reduce_op):
-        """(route, bound method, communicator) for `call`'s cache on the group, keyed with the
-        backend force_backend() names (forcing one never meets an older call); method and
-        communicator None where the route runs in chunks or phases (`_run_chunked`, `_run_node_aware`)."""
-        device_type = "cuda" if tensor.is_cuda else "cpu"
-        route = self.route(family, nbytes, group, tensor.dtype, device_type, explicit, reduce_op)
+    def _make_ready(self, key, family, group, tensor):
+        """(route, bound method, communicator) for `call`'s cache on the group, under `key` (which
+        holds the backend force_backend() names: forcing one never meets an older call); method
+        and communicator None where the route runs in chunks or phases (`_run_chunked`,
+        `_run_node_aware`)."""
+        method, nbytes, dtype, is_cuda, explicit, reduce_op, _ = key
+        route = self.route(family, nbytes, group, dtype, "cuda" if is_cuda else "cpu", explicit, reduce_op)
         fn = comm = None
         if route.plan is None and not (route.chunk_bytes and nbytes > route.chunk_bytes):
             fn, comm = getattr(route.backend, method), group.comms[route.backend.name]
         if len(group.ready) > 65536:
             group.ready.clear()  # bounded, as the choices are
-        key = (method, nbytes, tensor.dtype, tensor.is_cuda, explicit, reduce_op, self._forced)
         ready = group.ready[key] = (route, fn, comm)
         return ready
 

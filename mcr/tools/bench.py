@@ -26,20 +26,13 @@ from ..tuning import candidates as cands
 DEFAULT_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 
 
-def parse_bytes(text: str) -> int:
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().rstrip("B").rstrip("I")
-    if text and text[-1] in units:
-        return int(float(text[:-1]) * units[text[-1]])
-    return int(text)
-
-
-def sizes_between(low: int, high: int) -> list:
+def sizes_between(low: int, high: int, step: int = 2) -> list:
+    """low, 2 low, 4 low, ... up to high; `step` (a power of two) keeps one size in log2(step)."""
     sizes, size = [], max(1, low)
     while size <= high:
         sizes.append(size)
         size *= 2
-    return sizes
+    return sizes[:: max(1, step.bit_length() - 1)]
 
 
 def sweep(ops, backends, sizes, dtype, iters=None, rounds=3):
@@ -169,7 +162,7 @@ def main(argv=None) -> int:
             if part and part not in rt.backends:
                 parser.error(f"backend {part!r} is unavailable here: {rt.unavailable.get(part, 'unknown backend')}")
     dtype = getattr(torch, args.dtype)
-    sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes))
+    sizes = sizes_between(cands.parse_bytes(args.min_bytes), cands.parse_bytes(args.max_bytes))
     rows = sweep(ops, backends, sizes, dtype, args.iters, args.rounds)
     text = format_table(rows, backends)
     over_text, over = ("", {}) if args.no_overhead else overhead()

@@ -17,7 +17,8 @@ import torch
 from .. import api
 from ..commlog import human_bytes
 from ..measure import iterations_for, time_call
-from .bench import parse_bytes, sizes_between
+from ..tuning.candidates import parse_bytes
+from .bench import sizes_between
 
 
 def forms(total_bytes, n, backend):
@@ -45,8 +46,7 @@ def main(argv=None) -> int:
     if args.backend not in rt.backends:
         parser.error(f"backend {args.backend!r} is unavailable here: {rt.unavailable.get(args.backend)}")
     n = rt.world_size
-    sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes))
-    sizes = sizes[:: max(1, args.step.bit_length() - 1)]
+    sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), args.step)
     if rt.rank == 0:
         print(f"# all_to_all on {args.backend}, {n} ranks: input bytes per rank, slowest rank's median")
         print(f"{'size':>9}{'single us':>12}{'list us':>12}{'list/single':>13}\n" + "-" * 46, flush=True)

@@ -21,7 +21,8 @@ import torch
 from .. import api
 from ..commlog import human_bytes
 from ..measure import iterations_for, time_call
-from .bench import parse_bytes, sizes_between
+from ..tuning.candidates import parse_bytes
+from .bench import sizes_between
 
 
 def calls(numel, dtype):
@@ -61,9 +62,7 @@ def main(argv=None) -> int:
             "needs the mpi and gloo backends: launch with `python -m launch.local -n 2 -m mcr.tools.bench_half`"
         )
     dtype = getattr(torch, args.dtype)
-    sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes))[
-        :: max(1, args.step.bit_length() - 1)
-    ]
+    sizes = sizes_between(parse_bytes(args.min_bytes), parse_bytes(args.max_bytes), args.step)
     names = ("mpi", "op16", "upcast", "gloo", "fp32")
     header = f"{'size':>9}" + "".join(f"{n + ' us':>12}" for n in names) + f"{'mpi/gloo':>10}{'op16/upcast':>13}"
     if rt.rank == 0:

@@ -29,7 +29,7 @@ import torch
 from .. import api
 from ..commlog import human_bytes
 from ..measure import time_call
-from .bench import parse_bytes
+from ..tuning.candidates import parse_bytes
 
 CHUNKS = ("256K", "1M", "4M")
 
