@@ -32,6 +32,7 @@ Why mixing backends cannot deadlock (the rule the code keeps):
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import sys
@@ -118,6 +119,9 @@ class Runtime:
         # every group this runtime made communicators for: finalize() releases them (the torch
         # hook's groups are held by torch's ProcessGroup, which frees them with destroy_process_group)
         self._groups = []
+        # member groups made so far under each key: a group made again under a key (torch names
+        # a group by its ranks) rendezvous under a fresh store prefix, never the old one's addresses
+        self._member_made = collections.Counter()
         self.world = self.new_group(range(info.world_size))
         self.table = self._online_tuner(cfg) if cfg.tuning == "auto" else started.table
         self.comm_log = CommLog() if cfg.comm_log else None
@@ -221,6 +225,8 @@ class Runtime:
         key. `keep`: released at finalize() (torch's groups are released by torch)."""
         group = Group(gid, ranks, self.rank, self.topology.shape(ranks))
         key = "/".join(map(str, gid)) if isinstance(gid, tuple) else str(gid)
+        self._member_made[key] += 1
+        key = f"{key}#{self._member_made[key]}"  # every member counts the same creations
         for name, backend in self.backends.items():
             if name == "mpi":  # the tag keeps creations of overlapping groups apart
                 group.comms[name] = backend.member_group(ranks, zlib.crc32(key.encode()) % 32768)

@@ -28,10 +28,11 @@ def test_every_op_correct_under_torchrun_init_process_group_mcr():
     assert "gives no MPI world" in out  # the runtime says once why MPI is missing
 
 
-def test_a_group_made_again_with_the_same_ranks_runs_on_its_own_communicators():
-    # torch gives such groups the same name; a per-key cache of communicators outliving the
-    # destroyed group would hand the second one the first one's freed communicator
-    out = run("regroup_script.py")
+@pytest.mark.parametrize("launcher", ["torchrun", "mpiexec"])
+def test_a_group_made_again_with_the_same_ranks_runs_on_its_own_communicators(launcher):
+    # torch gives such groups the same name: a rendezvous or a cache of communicators under that
+    # name would hand the new group the destroyed one's addresses or communicators
+    out = run("regroup_script.py", launcher=launcher, timeout=90)
     assert out.count("regroup OK") == 2, out[-3000:]
 
 
