@@ -17,7 +17,7 @@ class GroupInfo:
 
 
 class Group:
-    __slots__ = ("gid", "ranks", "rank", "size", "comms", "shape", "_to_group_rank", "info", "ready")
+    __slots__ = ("gid", "ranks", "rank", "size", "comms", "shape", "_to_group_rank", "info", "ready", "node_groups")
 
     def __init__(self, gid: Hashable, ranks, my_global_rank: int, shape=None):
         # the group's key in the choice cache and the tuner: an int for groups the runtime numbers
@@ -36,6 +36,18 @@ class Group:
         # Kept here, with the communicators it holds: a group torch destroys takes it along, and a
         # later group with the same key (torch's hashed names) starts empty
         self.ready = {}
+        # its node-local and peer groups (`Runtime.node_groups`), made the first time a node-aware
+        # op runs on it; kept here for the same reason
+        self.node_groups = None
+
+    def release(self) -> None:
+        """Drop the communicators (and those of its node groups): their threads end now."""
+        if self.node_groups is not None:
+            self.node_groups.local.release()
+            self.node_groups.peers.release()
+            self.node_groups = None
+        self.comms.clear()
+        self.ready.clear()  # call()'s cache holds the communicators too
 
     @property
     def nodes(self):

@@ -139,7 +139,6 @@ class Runtime:
         self._waits = self.watchdog.waits if self.watchdog is not None else None
         self._watch = self._watched_wait  # bound once: every async handle carries it
         self._choices = {}
-        self._node_groups = {}  # group gid -> its node-local and peer groups (node_groups())
         self._forced = None  # force_backend()
         self._warned = set()
         self.in_flight = InFlight()  # every async op's handle until its op completes (mcr.inflight)
@@ -241,17 +240,18 @@ class Runtime:
     def node_groups(self, group) -> node_aware.NodeGroups:
         """The group's node-local and peer groups, made by their members the first time a
         node-aware op runs on the group (every member is at that op: the choice is agreed), and
-        kept. With MPI ops in flight they are made beside a thread that keeps those moving (rule 3)."""
-        found = self._node_groups.get(group.gid)
-        if found is not None:
-            return found
+        kept on the group. With MPI ops in flight they are made beside a thread that keeps those
+        moving (rule 3)."""
+        if group.node_groups is not None:
+            return group.node_groups
         layout = self.topology.layout(group.ranks)
         node = next(k for k, members in enumerate(layout.local) if self.rank in members)
         index = layout.local[node].index(self.rank)
 
         def build():
-            local = self.member_group(("node", group.gid, "local", node), layout.local[node])
-            peers = self.member_group(("node", group.gid, "peers", index), layout.peers[index])
+            # released with the group (Group.release), not kept past a group torch destroys
+            local = self.member_group(("node", group.gid, "local", node), layout.local[node], keep=False)
+            peers = self.member_group(("node", group.gid, "peers", index), layout.peers[index], keep=False)
             made.append(node_aware.NodeGroups.of(group, layout, local, peers))
 
         made = []
@@ -259,8 +259,8 @@ class Runtime:
             self._driver.during(build)
         else:
             build()
-        found = self._node_groups[group.gid] = made[0]
-        return found
+        group.node_groups = made[0]
+        return made[0]
 
     def _call_checker(self, cfg):
         """MCR_DEBUG=detail: a checker that meets the group's ranks on gloo before each collective."""
@@ -636,6 +636,5 @@ class Runtime:
         # that then needs the GIL aborts the process ("terminate called without an active
         # exception", seen once in CI under torchrun). torch's destroy_process_group does the same.
         for group in self._groups:
-            group.comms.clear()
-            group.ready.clear()  # call()'s cache holds the communicators too
+            group.release()
         self._groups.clear()
