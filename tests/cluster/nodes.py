@@ -78,6 +78,9 @@ def missing() -> str | None:
     return None
 
 
+LINK_BURST_BYTES = 256 * 1024  # what a rate-limited link passes above its rate (tc tbf's bucket)
+
+
 def bits_per_s(rate: str) -> float:
     match = RATE.fullmatch(rate)
     if not match:
@@ -365,8 +368,10 @@ class Cluster:
         sh(*inside, "addr", "add", f"{self.address(node, network)}/24", "dev", iface)
         sh(*inside, "link", "set", iface, "up")
         if rate and node != HEAD:  # both directions of the node's link: its egress, and the bridge's into it
-            burst = max(int(bits_per_s(rate) / 8 / 100), 256 * 1024)  # 10 ms of traffic, 4 GSO packets at least
-            tbf = ["root", "tbf", "rate", rate, "burst", str(burst), "latency", "50ms"]
+            # A burst of 4 GSO packets (1 ms at 2 Gbit/s): 64 KiB falls short of the rate (0.7 of
+            # 2 Gbit/s measured), and 10 ms of traffic (2.5 MB at 2 Gbit/s) passed messages of up to
+            # 1 MiB at the veth's speed, which the tuner took for the link's (configs/tuning/vm-2x1-2gbit-burst.txt)
+            tbf = ["root", "tbf", "rate", rate, "burst", str(LINK_BURST_BYTES), "latency", "50ms"]
             sh("tc", "-n", ns, "qdisc", "add", "dev", iface, *tbf)
             sh("tc", "qdisc", "add", "dev", link, *tbf)
 

@@ -69,21 +69,25 @@ def test_a_rate_limits_every_link_between_nodes(tmp_path):
             got += len(chunk)
         print(got, time.monotonic() - start, flush=True)
     """)
-    send = "import socket, sys; socket.create_connection((sys.argv[1], 5001)).sendall(bytes(4 << 20))"
+    send = "import socket, sys; socket.create_connection((sys.argv[1], 5001)).sendall(bytes(int(sys.argv[2])))"
     seconds = {}
-    for rate in (None, "40mbit"):
+    sizes = {None: 4 << 20, "40mbit": 4 << 20, "2gbit": 2 << 20}
+    for rate, size in sizes.items():
         nodes = Cluster(str(tmp_path / f"rate-{rate}"), 2, 1, rate=rate)
         try:
             nodes.up()
             receiver = nodes.popen("node2", [sys.executable, "-c", receive], stdout=subprocess.PIPE, text=True)
             assert receiver.stdout.readline() == "listening\n"
-            nodes.run("node1", [sys.executable, "-c", send, nodes.address("node2")], timeout=60)
+            nodes.run("node1", [sys.executable, "-c", send, nodes.address("node2"), str(size)], timeout=60)
             got, seconds[rate] = receiver.communicate(timeout=60)[0].split()
-            assert int(got) == 4 << 20
+            assert int(got) == size
         finally:
             nodes.down()
     # 4 MiB at 40 Mbit/s: 0.84 s (less the first burst); unlimited, a veth pair moves it in milliseconds
     assert float(seconds["40mbit"]) > 0.6 and float(seconds[None]) < 0.3, seconds
+    # 2 MiB at 2 Gbit/s: 7.3 ms after the burst (256 KiB) passes at once; a burst of 10 ms of
+    # traffic (2.5 MB) would pass all of it at the veth's speed
+    assert float(seconds["2gbit"]) > 0.005, seconds
 
 
 def test_a_failing_test_leaves_no_namespace_link_or_process_behind(tmp_path):
