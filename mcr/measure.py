@@ -93,8 +93,16 @@ def slowest(rt, value, group=None, backend=None):
     return t.tolist() if many else float(t.item())
 
 
-def time_call(rt, call, iters: int, warmup: int = 5, group=None, backend=None) -> float:
-    """Median seconds per call on this rank, then the slowest rank's median."""
+PACE_HELP = (
+    "stay idle after each timed call as long as it took: a shaped link's queue drains between "
+    "calls, as between a trainer's ops (back to back it builds, and each call waits behind it)"
+)
+
+
+def time_call(rt, call, iters: int, warmup: int = 5, group=None, backend=None, pace=False) -> float:
+    """Median seconds per call on this rank, then the slowest rank's median. `pace`: stay idle
+    after each call as long as it took, so that a shaped link's queue drains between calls as
+    it does between a trainer's ops (back to back, it builds and every call waits behind it)."""
     for _ in range(warmup):
         call()
     nothing = torch.empty(0, dtype=torch.uint8)
@@ -105,6 +113,8 @@ def time_call(rt, call, iters: int, warmup: int = 5, group=None, backend=None) -
         start = clock()
         call()
         samples.append(clock() - start)
+        if pace:
+            time.sleep(samples[-1])
     return slowest(rt, statistics.median(samples), group, backend)
 
 
@@ -115,7 +125,7 @@ def time_op(rt, op, nbytes, backend=None, dtype=torch.float32, group=None, iters
     return (seconds / 2 if op == "send_recv" else seconds), actual
 
 
-def compare(rt, op, nbytes, candidates, dtype=torch.float32, group=None, iters=None, warmup=5, rounds=3):
+def compare(rt, op, nbytes, candidates, dtype=torch.float32, group=None, iters=None, warmup=5, rounds=3, pace=False):
     """Seconds per op for each candidate, a (backend or None for the runtime's own choice,
     chunk_bytes) pair, and the actual bytes, measured through the runtime `rt`. The candidates
     are timed in `rounds` interleaved
@@ -132,6 +142,6 @@ def compare(rt, op, nbytes, candidates, dtype=torch.float32, group=None, iters=N
         for i in order:
             backend, chunk_bytes = candidates[i]
             call, actual = make_call(rt, op, nbytes, backend, dtype, group, chunk_bytes)
-            seconds = time_call(rt, call, per_round, warmup if r == 0 else min(warmup, 2), group, backend)
+            seconds = time_call(rt, call, per_round, warmup if r == 0 else min(warmup, 2), group, backend, pace)
             best[i] = min(best[i], seconds / 2 if op == "send_recv" else seconds)
     return best, actual

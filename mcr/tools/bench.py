@@ -19,7 +19,7 @@ import torch
 
 from .. import api
 from ..commlog import human_bytes
-from ..measure import MEASURABLE_OPS, compare, time_call
+from ..measure import MEASURABLE_OPS, PACE_HELP, compare, time_call
 from ..ops import bus_factor
 from ..tuning import candidates as cands
 
@@ -35,7 +35,7 @@ def sizes_between(low: int, high: int, step: int = 2) -> list:
     return sizes[:: max(1, step.bit_length() - 1)]
 
 
-def sweep(ops, backends, sizes, dtype, iters=None, rounds=3):
+def sweep(ops, backends, sizes, dtype, iters=None, rounds=3, pace=False):
     """Rows of {op, bytes, <backend>: seconds, auto, auto_backend}; identical on every rank.
     The backends of one size are timed in interleaved rounds (`measure.compare`)."""
     rt = api.runtime()
@@ -45,7 +45,7 @@ def sweep(ops, backends, sizes, dtype, iters=None, rounds=3):
         for size in sizes:
             row = {"op": op}
             timed = [(None, 0) if name == "auto" else _run_as(name) for name in backends]
-            seconds, actual = compare(rt, op, size, timed, dtype, iters=iters, rounds=rounds)
+            seconds, actual = compare(rt, op, size, timed, dtype, iters=iters, rounds=rounds, pace=pace)
             if rows and rows[-1]["op"] == op and rows[-1]["bytes"] == actual:
                 continue  # rounded up to the same message as the last size (divisible by n)
             row.update(zip(backends, seconds))
@@ -137,6 +137,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--rounds", type=int, default=3, help="interleaved rounds per point; each backend keeps its best"
     )
+    parser.add_argument("--pace", action="store_true", help=PACE_HELP)
     parser.add_argument("--tuning", default=None, help="tuning table for the auto choice (else MCR_TUNING_FILE)")
     parser.add_argument("--no-overhead", action="store_true", help="skip the overhead measurement")
     parser.add_argument("--json", default=None, help="also write the rows here (rank 0)")
@@ -163,7 +164,7 @@ def main(argv=None) -> int:
                 parser.error(f"backend {part!r} is unavailable here: {rt.unavailable.get(part, 'unknown backend')}")
     dtype = getattr(torch, args.dtype)
     sizes = sizes_between(cands.parse_bytes(args.min_bytes), cands.parse_bytes(args.max_bytes))
-    rows = sweep(ops, backends, sizes, dtype, args.iters, args.rounds)
+    rows = sweep(ops, backends, sizes, dtype, args.iters, args.rounds, args.pace)
     text = format_table(rows, backends)
     over_text, over = ("", {}) if args.no_overhead else overhead()
     if rt.rank == 0:

@@ -25,7 +25,7 @@ import torch
 
 from .. import api
 from ..backends import builtin_order
-from ..measure import MEASURABLE_OPS, compare
+from ..measure import MEASURABLE_OPS, PACE_HELP, compare
 from ..tuning import candidates as cands
 from ..tuning.fingerprint import fingerprint
 from ..tuning.model import fits_for, predict_table
@@ -60,18 +60,18 @@ def model_sizes(path: str) -> dict:
     return out
 
 
-def measure_point(op, size, choices, dtype, group, iters, warmup, rounds):
+def measure_point(op, size, choices, dtype, group, iters, warmup, rounds, pace=False):
     """(actual bytes, {label: µs or None}) for every candidate at one requested size."""
     live = [c for c in choices if cands.applies(c, size)]
     # a node-aware candidate runs by its label (node:INTRA+INTER), as backend= on the call
     runs = [(cands.label(c) if c.inter else c.backend, c.chunk_bytes) for c in live]
-    seconds, actual = compare(api.runtime(), op, size, runs, dtype, group, iters, warmup, rounds)
+    seconds, actual = compare(api.runtime(), op, size, runs, dtype, group, iters, warmup, rounds, pace)
     row = {cands.label(c): None for c in choices}
     row.update({cands.label(c): round(t * 1e6, 3) for c, t in zip(live, seconds)})
     return actual, row
 
 
-def measure_curve(op, sizes, choices, dtype, group, iters, warmup, rounds, margin, log) -> Curve:
+def measure_curve(op, sizes, choices, dtype, group, iters, warmup, rounds, margin, log, pace=False) -> Curve:
     """One op at one group size: every candidate at every size (only on the group's ranks).
     Where the winner changes, both sizes around the change are measured again and each
     candidate keeps its faster median (noise only ever adds time), so a flip must hold twice."""
@@ -79,7 +79,7 @@ def measure_curve(op, sizes, choices, dtype, group, iters, warmup, rounds, margi
     requested, measured, latency = [], [], {lab: [] for lab in labels}
     started = time.perf_counter()
     for size in sizes:
-        actual, row = measure_point(op, size, choices, dtype, group, iters, warmup, rounds)
+        actual, row = measure_point(op, size, choices, dtype, group, iters, warmup, rounds, pace)
         if actual in measured:  # the op rounded two requested sizes to the same message
             continue
         requested.append(size)
@@ -90,7 +90,7 @@ def measure_curve(op, sizes, choices, dtype, group, iters, warmup, rounds, margi
     wins = winners(curve, margin, labels)
     again = sorted({j for i in range(1, len(wins)) if wins[i] != wins[i - 1] for j in (i - 1, i)})
     for i in again:
-        _, row = measure_point(op, requested[i], choices, dtype, group, iters, warmup, rounds)
+        _, row = measure_point(op, requested[i], choices, dtype, group, iters, warmup, rounds, pace)
         for lab in labels:
             old, new = latency[lab][i], row[lab]
             latency[lab][i] = old if new is None else new if old is None else min(old, new)
@@ -155,6 +155,7 @@ def parse_args(argv):
     p.add_argument("--iters", type=int, default=None, help="iterations per point (default: scaled by size)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per size; each candidate keeps its best")
+    p.add_argument("--pace", action="store_true", help=PACE_HELP)
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help="fraction a candidate must win by to take over")
     p.add_argument("--dtype", default="float32")
     p.add_argument(
@@ -231,6 +232,7 @@ def main(argv=None) -> int:
     log(
         f"mcr.tools.tune: {world} ranks, backends {', '.join(preferred)}, ops {', '.join(ops)}, "
         f"{len(base)} sizes {base[0]} B .. {base[-1]} B, chunks {args.chunks or 'none'}"
+        + (", paced" if args.pace else "")
     )
     started = time.perf_counter()
     curves = []
@@ -247,7 +249,17 @@ def main(argv=None) -> int:
                 sizes = sorted(set(base) | extra | used.get(op, set()))
                 curves.append(
                     measure_curve(
-                        op, sizes, choices, dtype, group, args.iters, args.warmup, args.rounds, args.margin, log
+                        op,
+                        sizes,
+                        choices,
+                        dtype,
+                        group,
+                        args.iters,
+                        args.warmup,
+                        args.rounds,
+                        args.margin,
+                        log,
+                        args.pace,
                     )
                 )
         api.barrier()
