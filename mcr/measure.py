@@ -100,9 +100,8 @@ PACE_HELP = (
 
 
 def time_call(rt, call, iters: int, warmup: int = 5, group=None, backend=None, pace=False) -> float:
-    """Median seconds per call on this rank, then the slowest rank's median. `pace`: stay idle
-    after each call as long as it took, so that a shaped link's queue drains between calls as
-    it does between a trainer's ops (back to back, it builds and every call waits behind it)."""
+    """Median seconds per call on this rank, then the slowest rank's median. `pace`: PACE_HELP;
+    the idle is not part of the sample."""
     for _ in range(warmup):
         call()
     nothing = torch.empty(0, dtype=torch.uint8)

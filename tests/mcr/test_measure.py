@@ -24,4 +24,5 @@ def test_a_paced_timing_idles_after_each_call_as_long_as_it_took_and_reports_the
     (median, _), (paced_median, paced_wall) = got["False"], got["True"]
     assert median >= 0.005 and paced_median >= 0.005, got  # the call's own time, idle excluded
     assert paced_wall >= 2 * 6 * 0.005, got  # six calls of at least 5 ms, each followed by as long idle
-    assert paced_median < paced_wall / 6, got
+    # the idle is not timed: counted in, the paced median would be twice the unpaced one
+    assert paced_median < 1.5 * median, got
