@@ -18,6 +18,7 @@ backend ran the op.
 
 from __future__ import annotations
 
+import itertools
 import os
 import pickle
 import sys
@@ -63,16 +64,15 @@ class FlightRecorder:
         self.kept = [] if keep_all else None  # every entry, for a timeline trace (`mcr.trace`)
         self.directory = directory
         self.timeout_ms = int(timeout_s * 1000)
-        self.next_record = 0
+        self.records = itertools.count()  # each entry's record id (mcr.blocking draws them too)
         self._dumping = threading.Lock()
 
     def issue(self, route, group, method, async_op, peer=None):
         """A new entry for a call about to run; `entry[DONE]` (ns) is set when it completes (by the
         caller for a blocking call, by the handle for an async one: `Handle.issued`).
         It runs on every call (its cost: configs/tuning/vm-n2-bench-flight-recorder.txt): nothing
-        formatted, no lock (one thread issues a rank's ops; a dump copies the ring first)."""
-        record = self.next_record
-        self.next_record = record + 1
+        formatted, no lock (one thread issues a rank's ops; a dump copies the ring first). A
+        blocking call of a ready route builds the same entry itself (`mcr.blocking`)."""
         info = group.info
         if route.op.family != "send_recv":
             info.collective_seq += 1
@@ -80,7 +80,7 @@ class FlightRecorder:
             info.p2p_seq += 1
         now = time_ns()
         entry = [
-            record,
+            next(self.records),
             route,
             info,
             info.collective_seq,

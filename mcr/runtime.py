@@ -48,6 +48,7 @@ from . import env as launch_env
 from . import node_aware, startup, trace
 from .backends import builtin_order
 from .backends.base import Backend
+from .blocking import prepare as prepare_blocking
 from .callbacks import CallbackThread
 from .choose import Call, Policy, require, select_backend, table_rule
 from .commlog import CommLog
@@ -150,6 +151,9 @@ class Runtime:
         # driving, or one takes no calls from a second thread: the waiting thread drives it itself)
         self._driver = MPIDriver(self._drive) if self._needs_driving and not self._single_threaded else None
         self._checker = self._call_checker(cfg)
+        # where call() adds nothing to a ready blocking route (no per-call check, no profiler
+        # span), api.all_reduce runs the route's prepared function itself: the hot path
+        self.direct = self._checker is None and not cfg.trace_dir
         self.progress = self._progress_thread(cfg)
         self.callbacks = CallbackThread()  # sets dist.Work futures as their ops complete (mcr.callbacks)
         if self.world_size > 1:
@@ -293,7 +297,12 @@ class Runtime:
         ready = group.ready.get(key)
         if ready is None:
             ready = self._make_ready(key, family, group, tensor)
-        route, fn, comm = ready
+        route, fn, comm, blocking = ready
+        if blocking is not None and not async_op:
+            blocking(group, args)
+            if after is not None:
+                after()
+            return None
         recorder = self.recorder
         if recorder is not None:
             entry = recorder.issue(route, group, method, async_op, args[1] if family == "send_recv" else None)
@@ -307,10 +316,8 @@ class Runtime:
             )
             if entry is not None and async_op:
                 result.stamp_done(entry)
-        elif async_op:
-            result = self._run_async(route.op, group, fn, comm, args, True, entry)
         else:
-            result = self.run(route.op, group, False, fn, comm, args)
+            result = self._run_async(route.op, group, fn, comm, args, True, entry)
         if entry is not None:
             if not async_op:
                 entry[DONE] = time_ns()
@@ -329,13 +336,17 @@ class Runtime:
         and communicator None where the route runs in chunks or phases (`_run_chunked`,
         `_run_node_aware`)."""
         method, nbytes, dtype, is_cuda, explicit, reduce_op, _ = key
-        route = self.route(family, nbytes, group, dtype, "cuda" if is_cuda else "cpu", explicit, reduce_op)
-        fn = comm = None
+        device_type = "cuda" if is_cuda else "cpu"
+        route = self.route(family, nbytes, group, dtype, device_type, explicit, reduce_op)
+        fn = comm = blocking = None
         if route.plan is None and not (route.chunk_bytes and nbytes > route.chunk_bytes):
-            fn, comm = getattr(route.backend, method), group.comms[route.backend.name]
+            backend = route.backend
+            fn, comm = getattr(backend, method), group.comms[backend.name]
+            call = backend.for_route(method, comm, nbytes, dtype, device_type, reduce_op)
+            blocking = prepare_blocking(self, route.op, group, fn, comm, call, route, method)
         if len(group.ready) > 65536:
             group.ready.clear()  # bounded, as the choices are
-        ready = group.ready[key] = (route, fn, comm)
+        ready = group.ready[key] = (route, fn, comm, blocking)
         return ready
 
     def _profiled_call(self, family, method, *args, **kwargs):
@@ -420,36 +431,10 @@ class Runtime:
     # --- step 3 and 4: run, watch and account --------------------------------------------------
     def run(self, op: OpCall, group, async_op, fn, comm, args, logged=True):
         """fn(comm, *args, async_op) under the watchdog, its time in the comm log (unless a
-        chunk of an op that is logged whole)."""
+        chunk of an op that is logged whole); blocking as `mcr.blocking` describes."""
         if async_op:
             return self._run_async(op, group, fn, comm, args, logged)
-        if self._pending and op.family != "send_recv":
-            self.in_flight.complete_earlier(comm)
-        driver = None
-        if self._needs_driving and op.backend not in self._needs_driving:  # rule 3: keep MPI moving
-            driver = self._driver
-            if driver is None:
-                return self._run_driving(op, group, fn, comm, args, logged)
-        # the hot path: a 4-byte all-reduce on MPI costs about a microsecond (the library row of
-        # configs/tuning/vm-n2-bench-hooks.txt), so every step here counts
-        waits, comm_log = self._waits, self.comm_log if logged else None
-        if comm_log is not None:
-            started = perf_counter()
-        if waits is not None:
-            thread = get_ident()
-            waits[thread] = op
-        try:
-            if driver is None:
-                fn(comm, *args, False)
-            else:
-                driver.during(lambda: fn(comm, *args, False))
-        except Exception as exc:
-            raise self._error(op, group, exc) from exc
-        finally:
-            if waits is not None:
-                del waits[thread]
-        if comm_log is not None:
-            comm_log.record(op, perf_counter() - started)
+        return prepare_blocking(self, op, group, fn, comm, logged=logged)(group, args)
 
     def _run_async(self, op, group, fn, comm, args, logged=True, entry=None):
         """`entry`: the op's flight-recorder entry, stamped done when the op completes."""
@@ -463,11 +448,6 @@ class Runtime:
         handle.issued(op, self._watch, group, comm_log, started, entry)
         self.hold(None if op.family == "send_recv" else comm, handle, op.backend in self._needs_driving)
         return handle
-
-    def _run_driving(self, op, group, fn, comm, args, logged):
-        """A blocking op on a backend that progresses alone, in a job with MPI but no MPI driver
-        thread: run it as an async op and wait for it while keeping MPI moving (rule 3)."""
-        self.run(op, group, True, fn, comm, args, logged).wait()
 
     def _drive(self) -> None:
         """Let the backends that progress only inside their calls (MPI) move, without blocking:
@@ -541,11 +521,18 @@ class Runtime:
         per = max(1, route.chunk_bytes // tensor.element_size())
         started, comm_log = perf_counter(), self.comm_log
         whole = route.op._replace(backend=label(Choice(backend.name, route.chunk_bytes)))
-        handles = []
+        handles, runs = [], {}  # runs: a blocking chunk's function by its size (all but the last share one)
         for start in range(0, flat.numel(), per):
             part = flat[start : start + per]
-            op = route.op._replace(nbytes=part.nbytes)
-            handles.append(self.run(op, group, async_op, fn, comm, (part, reduce_op), logged=False))
+            if async_op:
+                op = route.op._replace(nbytes=part.nbytes)
+                handles.append(self._run_async(op, group, fn, comm, (part, reduce_op), False))
+                continue
+            run = runs.get(part.nbytes)
+            if run is None:
+                op = route.op._replace(nbytes=part.nbytes)
+                run = runs[part.nbytes] = prepare_blocking(self, op, group, fn, comm, logged=False)
+            run(group, (part, reduce_op))
         if not async_op:
             if comm_log is not None:
                 comm_log.record(whole, perf_counter() - started)

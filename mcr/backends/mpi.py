@@ -129,6 +129,7 @@ HALF_DTYPES = (torch.float16, torch.bfloat16)
 # (measured by `mcr.tools.bench_half`: MPI calling our Python op costs tens of µs a call, which
 # copying small tensors does not); there, all ranks' values are summed in float32, rounded once.
 UPCAST_BELOW = 64 << 10
+BUFFERS_PER_ROUTE = 64  # a hot route's MPI buffers kept by tensor address (MPIBackend.for_route)
 # From this size an async all-reduce, reduce-scatter or all-gather runs as a blocking call on the
 # backend's worker thread (`mpi_worker`), below it as MPI's nonblocking call (a thread hand-off
 # costs tens of µs, more than libnbc loses on small messages: configs/tuning/vm-n2-bench-ddp.txt).
@@ -257,6 +258,26 @@ class MPIBackend(Backend):
                 return False  # our 16-bit ops read host memory; CUDA-aware MPI would hand them device pointers
             return dtype in self._dtypes and reduce_op in self._ops
         return True
+
+    def for_route(self, method, comm, nbytes, dtype, device_type, reduce_op):
+        """A host all-reduce's buffer type and MPI op, looked up once per route (the hot path)."""
+        if method != "all_reduce" or device_type != "cpu" or (dtype in self._upcast and nbytes < UPCAST_BELOW):
+            return super().for_route(method, comm, nbytes, dtype, device_type, reduce_op)
+        mem, in_place, allreduce = self._mem, self._in_place, comm.Allreduce
+        mpi_type, mpi_op = self._dtypes[dtype], self._ops_for[dtype][reduce_op]
+
+        buffers = {}  # by address: a buffer names only its address, size and type, all fixed here
+
+        def all_reduce(tensor, op):  # op is the route's
+            address = tensor.data_ptr()
+            buffer = buffers.get(address)
+            if buffer is None:
+                if len(buffers) >= BUFFERS_PER_ROUTE:
+                    buffers.clear()
+                buffer = buffers[address] = [mem(address, nbytes), mpi_type]
+            allreduce(in_place, buffer, mpi_op)
+
+        return all_reduce
 
     # --- buffers -----------------------------------------------------------------------------
     def _bytes(self, t):

@@ -1,5 +1,5 @@
 """The MPI fast path: float16/bfloat16 reductions on MPI (not a gloo fallback), and chunked
-all-reduces shown whole in the comm log."""
+all-reduces shown whole in the comm log; the blocking all-reduce's hot path."""
 
 import os
 
@@ -19,3 +19,11 @@ def test_fast_path_results_match_reference_and_log_shows_callers_ops(tmp_path):
     # 2 float32
     assert "rank 0: OK 26 checks" in out and "rank 1: OK 28 checks" in out, out[-3000:]
     assert "cannot run" not in out, out[-3000:]  # no fallback warning
+
+
+def test_a_ready_route_serves_only_the_calls_that_would_choose_it():
+    """The api's shortcut to a ready route (mcr.blocking): another dtype, size, explicit or
+    forced backend, or a tensor whose storage was swapped takes its own route; each call is
+    logged and recorded once."""
+    out = run_script(2, os.path.join(os.path.dirname(__file__), "hot_path_script.py")).check().output
+    assert "rank 0: hot path OK 11 checks" in out and "rank 1: hot path OK 11 checks" in out, out[-3000:]
