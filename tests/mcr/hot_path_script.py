@@ -35,11 +35,16 @@ base = torch.arange(4, dtype=torch.float32)
 assert rt.direct, "no debug checks or profiler spans here: the api runs ready routes itself"
 x = torch.empty(4)
 before = len(rt.recorder.entries)
+long_way = []  # the calls that went through Runtime.call: only the first makes the route ready
+call = rt.call
+rt.call = lambda *args, **kwargs: (long_way.append(args[0]), call(*args, **kwargs))[1]
 for step in range(5):  # one tensor, new data each time: the route is made once and reused
     mine, want = summed(base + step)
     x.copy_(mine)
     mcr.all_reduce(x)
     check(x, want, f"float32 all-reduce, call {step}")
+rt.call = call
+assert long_way == ["all_reduce"], f"the api's shortcut missed the ready route: {len(long_way)} calls took the long way"
 assert ran_on() == {("mpi", 16, 5)}, "one route, on MPI, each call logged once"
 entries = list(rt.recorder.entries)[before:]
 assert len(entries) == 5, f"{len(entries)} flight-recorder entries for 5 calls"
