@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import glob
 import importlib.util
 import os
 
@@ -27,6 +28,21 @@ from .mpi_worker import CollectiveWorker
 # starves gloo's and the trainer's threads. Read at MPI_Init, so set (as a default the user's
 # environment overrides) before mpi4py starts MPI, in every rank, whatever launched it.
 MPI_DEFAULTS = {"OMPI_MCA_mpi_yield_when_idle": "1"}
+# Open MPI's btl/ofi sleeps 1 s when it closes (btl_ofi_component.c: "If we don't sleep, sockets
+# provider freaks out"), and it closes inside MPI_Init wherever libfabric finds no RDMA device for
+# it: on such a host every process start pays that second. These are the devices it can drive
+# (verbs, EFA, usNIC and PSM3 under infiniband; Slingshot's cxi; Omni-Path's hfi1).
+FABRIC_DEVICES = ("/sys/class/infiniband/*", "/sys/class/cxi/*", "/dev/hfi1_*")
+
+
+def apply_mpi_defaults() -> None:
+    """Set MPI_DEFAULTS, and leave btl/ofi out on a host without a fabric device, unless the
+    environment already says (call before MPI_Init)."""
+    defaults = dict(MPI_DEFAULTS)
+    if not any(glob.glob(pattern) for pattern in FABRIC_DEVICES):
+        defaults["OMPI_MCA_btl"] = "^ofi"
+    for key, value in defaults.items():
+        os.environ.setdefault(key, value)
 
 
 def _load_mpi(launch_info):
@@ -35,8 +51,7 @@ def _load_mpi(launch_info):
             f"launched by {launch_info.launcher}, which gives no MPI world; "
             "launch with mpiexec/mpirun, srun --mpi=pmix or jsrun to use MPI"
         )
-    for key, value in MPI_DEFAULTS.items():
-        os.environ.setdefault(key, value)
+    apply_mpi_defaults()
     try:
         import mpi4py
 

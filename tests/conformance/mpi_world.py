@@ -46,6 +46,9 @@ def tests_to_run(world_size: int) -> tuple[dict, list[tuple[str, str]]]:
 
 # --- one rank ---------------------------------------------------------------------------------
 def run_rank(first: int) -> None:
+    from mcr.backends.mpi import apply_mpi_defaults
+
+    apply_mpi_defaults()  # this harness starts MPI before the runtime does: the runtime's settings first
     from mpi4py import MPI
 
     comm = MPI.COMM_WORLD.Dup()  # the harness's own channel, apart from the runtime's

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -47,6 +48,9 @@ def ops_cache():
     session killed mid-build leaves no half-built cache (and no lock) for the next one."""
     if not os.path.isdir(OPS_CACHE):
         building = f"{OPS_CACHE}.building-{os.getpid()}"
+        built = os.path.join(os.environ.get("TORCH_EXTENSIONS_DIR", "/nonexistent"), "fused_adam")
+        if os.path.exists(os.path.join(built, "fused_adam.so")) and not os.path.exists(os.path.join(built, "lock")):
+            shutil.copytree(built, os.path.join(building, "fused_adam"))  # `make setup` built it for this venv
         # the venv's ninja first, as in the job scripts: a build log from another ninja version
         # ("build log version is too old") makes every job rebuild from scratch
         path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
