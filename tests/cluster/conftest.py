@@ -1,6 +1,7 @@
 """Session fixtures: one emulated cluster of 2 nodes x 2 ranks (tests/cluster/nodes.py) with a
-multi-node SLURM on it, shared by every test here and removed at the end, failed tests or not;
-and, for the tests that need them, a second one whose nodes have two networks.
+multi-node SLURM on it, shared by every test here and removed at the end, failed tests or not
+(and by the next session, if this one is killed); and, for the tests that need them, a second one
+whose nodes have two networks.
 
 Elsewhere than as root they skip, naming what is missing; as root (CI runs the suite as root
 and installs SLURM) a missing piece fails them, as the single-node SLURM tests do.
@@ -12,7 +13,7 @@ import os
 
 import pytest
 
-from tests.cluster.nodes import Cluster, missing
+from tests.cluster.nodes import Cluster, missing, remove_orphans
 from tests.cluster.slurm import ClusterSlurm
 from tests.launch import slurm_cluster
 from tests.launch.conftest import ops_cache, write_test_system  # noqa: F401 (ops_cache: a fixture used here)
@@ -41,8 +42,10 @@ def cluster(tmp_path_factory):
 
 
 def _up(tmp_path_factory, name, **kwargs):
+    remove_orphans()  # what a killed session left (its teardown never ran) goes first
     shared = [str(tmp_path_factory.getbasetemp())]
-    return Cluster(str(tmp_path_factory.mktemp(name)), NODES, RANKS_PER_NODE, shared=shared, **kwargs)
+    state = str(tmp_path_factory.mktemp(name))
+    return Cluster(state, NODES, RANKS_PER_NODE, shared=shared, session_owned=True, **kwargs)
 
 
 @pytest.fixture(scope="session")

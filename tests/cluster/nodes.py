@@ -129,17 +129,37 @@ def free_subnet() -> ipaddress.IPv4Network:
     raise ClusterError(f"no free /24 left in {SUBNETS}: remove stale test clusters with `python -m tests.cluster down`")
 
 
-def unique_prefix() -> str:
+# A cluster's name prefix: "mc<pid>" for one made from the command line (it outlives that process),
+# "mt<pid>" for one a test session owns (stale once that session is gone: `remove_orphans`)
+OWNED = re.compile(r"^(mt(\d+)[a-j]?)-")
+
+
+def unique_prefix(kind: str = "mc") -> str:
     """Short (link names have 15 characters), and unused by any namespace or link here."""
     taken = sh("ip", "netns", "list").stdout + sh("ip", "-o", "link").stdout
     for suffix in ["", *"abcdefghij"]:
-        prefix = f"mc{os.getpid()}{suffix}"
+        prefix = f"{kind}{os.getpid()}{suffix}"
         if f"{prefix}-" not in taken:
             return prefix
     raise ClusterError("no unused cluster name prefix")
 
 
 FAST_IFACE = "eth1"  # the fast network's interface on every node (with fast_network)
+
+
+def remove_orphans() -> list[str]:
+    """Take down every cluster whose test session has ended without taking it down (killed, as a
+    CI timeout kills): its processes, namespaces and links. Returns their prefixes."""
+    names = sh("ip", "netns", "list").stdout.split() + [
+        line.split(": ")[1].split("@")[0] for line in sh("ip", "-o", "link").stdout.splitlines()
+    ]
+    owners = {m.group(1): int(m.group(2)) for m in map(OWNED.match, names) if m}
+    orphans = sorted(prefix for prefix, pid in owners.items() if not os.path.exists(f"/proc/{pid}"))
+    for prefix in orphans:
+        orphan = Cluster(os.path.join("/nonexistent", prefix))  # no state file: found by its prefix
+        orphan.prefix = prefix
+        orphan.down()
+    return orphans
 
 
 class Cluster:
@@ -152,6 +172,7 @@ class Cluster:
         shared=(),
         fast_network: bool = False,
         mgmt_rate: str | None = None,
+        session_owned: bool = False,
     ):
         if nodes < 1 or ranks_per_node < 1:
             raise ClusterError(f"a cluster needs at least 1 node and 1 rank per node, not {nodes} x {ranks_per_node}")
@@ -172,6 +193,7 @@ class Cluster:
         self.subnet = ""
         self.fast_subnet = ""
         self.keepers: dict[str, int] = {}
+        self.session_owned = session_owned  # made by this test session: named so that `remove_orphans` finds it
         self._children: list[subprocess.Popen] = []  # keepers this process started: reaped at down
 
     # --- what the cluster is -------------------------------------------------------------------
@@ -284,7 +306,7 @@ class Cluster:
         if os.path.exists(os.path.join(self.state, STATE_FILE)):
             Cluster.load(self.state).down()  # idempotent: what an earlier `up` here left goes first
         os.makedirs(self.state, exist_ok=True)
-        self.prefix = unique_prefix()
+        self.prefix = unique_prefix("mt" if self.session_owned else "mc")
         self.save()  # the prefix first: a `down` after a failure halfway finds everything by it
         try:
             with subnet_lock():

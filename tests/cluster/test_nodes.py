@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -119,6 +120,45 @@ def test_a_failing_test_leaves_no_namespace_link_or_process_behind(tmp_path):
     assert len(made["pids"]) >= 3 + 3  # 3 keepers, slurmctld, a slurmd per node
     assert not namespaces_and_links(made["prefix"])
     assert not [pid for pid in [*made["pids"], made["left"]] if running(pid)]
+
+
+def test_a_cluster_whose_session_was_killed_goes_when_the_next_session_starts(tmp_path):
+    """A session SIGKILLed with its cluster up (a CI timeout; its teardown never runs) leaves the
+    cluster and a process on node2; the next session's fixture removes them before making its own,
+    and leaves a cluster made from the command line (which outlives its maker) alone."""
+    require_cluster(slurm=False)
+    kept = Cluster(str(tmp_path / "cli"), 1, 1).up()  # as `python -m tests.cluster up` makes it
+    (tmp_path / "conftest.py").write_text("from tests.cluster.conftest import cluster  # noqa: F401\n")
+    (tmp_path / "test_inner.py").write_text(
+        textwrap.dedent("""
+        import json, os, signal
+
+        def test_killed_with_the_cluster_up(cluster):
+            if os.path.exists(os.environ["RECORD"]):
+                return  # the next session: its fixture has run
+            left = cluster.popen("node2", ["sleep", "600"])
+            pids = [p for node in cluster.keepers for p in cluster.pids(node)]
+            with open(os.environ["RECORD"], "w") as f:
+                json.dump({"prefix": cluster.prefix, "pids": pids, "left": left.pid}, f)
+            os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    )
+    record = tmp_path / "record.json"
+    env = dict(os.environ, PYTHONPATH=REPO, RECORD=str(record))
+    inner = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "base")]
+    try:
+        killed = subprocess.run(inner, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert killed.returncode == -signal.SIGKILL, killed.stdout
+        made = json.loads(record.read_text())
+        assert namespaces_and_links(made["prefix"]) and running(made["left"])  # left behind
+        shutil.rmtree(tmp_path / "base")
+        following = subprocess.run(inner, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert following.returncode == 0, following.stdout
+        assert not namespaces_and_links(made["prefix"])
+        assert not [pid for pid in [*made["pids"], made["left"]] if running(pid)]
+        assert namespaces_and_links(kept.prefix)
+    finally:
+        kept.down()
 
 
 def test_a_failed_up_removes_what_it_had_made(tmp_path, monkeypatch):
