@@ -12,6 +12,7 @@ Every collective goes through the mcr runtime, which picks the backend per call.
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -89,6 +90,16 @@ def runtime_config(comm, comm_log_json: Optional[str] = None) -> dict:
     }
 
 
+def venv_ninja_first() -> None:
+    """Put this Python's own `ninja` first on PATH, as the job scripts do. DeepSpeed builds its ops
+    with the first ninja on PATH, and a build log that another ninja version wrote makes it rebuild
+    every op from scratch (35-60 s a job here, with `make setup`'s build and the system's ninja)."""
+    bindir = os.path.dirname(sys.executable)
+    path = os.environ.get("PATH", "")
+    if os.path.exists(os.path.join(bindir, "ninja")) and path.split(os.pathsep)[0] != bindir:
+        os.environ["PATH"] = bindir + os.pathsep + path
+
+
 def setup_deepspeed_comm(comm, comm_log_json: Optional[str] = None) -> None:
     """For DeepSpeed apps: start DeepSpeed's communication on the mcr runtime as `comm` asks.
     Call once, before the model, instead of `deepspeed.init_distributed()`: afterwards every
@@ -99,6 +110,7 @@ def setup_deepspeed_comm(comm, comm_log_json: Optional[str] = None) -> None:
 
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")  # quiet DeepSpeed's accelerator probing
+    venv_ninja_first()
     from mcr.hooks import deepspeed as deepspeed_hook
 
     deepspeed_hook.install(runtime_config(comm, comm_log_json))
