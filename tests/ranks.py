@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from dataclasses import dataclass
 
 from launch.local import mpiexec_command, torchrun_command
@@ -74,6 +75,9 @@ def rank_env(env: dict | None = None) -> dict:
     full_env.update(
         {
             "PYTHONPATH": REPO + os.pathsep + full_env.get("PYTHONPATH", ""),
+            # the venv's tools first, as an activated venv and the job scripts have them: DeepSpeed
+            # builds its ops with the first ninja, and one built by another ninja is rebuilt
+            "PATH": os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", ""),
             "OMPI_ALLOW_RUN_AS_ROOT": "1",
             "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
             "WANDB_MODE": "disabled",
