@@ -98,6 +98,7 @@ def test_watchdog_names_rank_op_and_backend_of_a_hang_after_its_timeout_not_befo
     assert "mcr watchdog: rank 0 has waited" in result.output and named in result.output, result.output[-3000:]
     # it checks once a second, so the time it reports lies in [timeout, timeout + one period (+ slack)]
     reported = re.search(r"mcr watchdog: rank 0 has waited ([0-9.]+) s", result.output)
+    assert reported, result.output[-3000:]
     assert WATCHDOG_S <= float(reported.group(1)) <= WATCHDOG_S + 2, result.output[-3000:]
     # seen from outside, from the wait's start to the job's end: never early, and not far late even
     # on a loaded machine (the launcher still has to take the job down)
