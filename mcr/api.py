@@ -185,8 +185,8 @@ def all_reduce(tensor, op=_SUM, group=None, async_op=False, backend=None):
     g = rt.world if group is None else group
     if op is _SUM and not async_op and rt.direct and type(tensor) is _Tensor and tensor.is_contiguous():
         ready = g.ready.get(("all_reduce", tensor.nbytes, tensor.dtype, tensor.is_cuda, backend, "sum", rt._forced))
-        if ready is not None and ready[3] is not None:
-            return ready[3](g, (tensor, "sum"))
+        if ready is not None and ready[1] is not None:
+            return ready[1](g, (tensor, "sum"))
     if type(tensor) is not torch.Tensor or not tensor.is_contiguous():  # the full check only off the hot path
         _check("all_reduce", tensor)
     if op is _SUM:

@@ -56,11 +56,18 @@ class Handle:
         self._log = None  # (comm log, issue time): the op's time recorded at completion
 
     def issued(self, op, watch, group, comm_log=None, started=0.0, record=None) -> None:
-        """The runtime's facts about the op, set once at issue (a finisher closure and a second
-        lock per issue cost more: issue 21): its OpCall, watch and group, the comm log that times
-        it from `started` (perf_counter), the flight-recorder entry to stamp done."""
+        """The runtime's facts about the op, set once at issue (a finisher closure per issue
+        costs more: issue 21): its OpCall, watch and group, the comm log that times it from
+        `started` (perf_counter), the flight-recorder entry to stamp done. Called by the issuing
+        thread before the handle is in flight, when no other thread can complete it, so without
+        the lock; a handle another thread may complete sooner is a `SharedHandle`."""
         self.op, self.watch, self.group = op, watch, group
-        self._at_completion(comm_log, started, record)
+        if not self.done:
+            self.record = record
+            if comm_log is not None:
+                self._log = (comm_log, started)
+        else:  # completed inside the backend's call
+            self._at_completion(comm_log, started, record)
 
     def then(self, finish) -> "Handle":
         """Run `finish()` once the op completes (copy-outs, averaging, accounting)."""
@@ -123,6 +130,16 @@ class Handle:
         if self.record is not None:
             self.record[DONE] = time_ns()
         self.done = True
+
+
+class SharedHandle(Handle):
+    """A handle another thread may complete as soon as it exists (the MPI worker's)."""
+
+    __slots__ = ()
+
+    def issued(self, op, watch, group, comm_log=None, started=0.0, record=None) -> None:
+        self.op, self.watch, self.group = op, watch, group
+        self._at_completion(comm_log, started, record)
 
 
 def from_torch_work(work, keep=None, finish=None) -> Handle:

@@ -8,7 +8,8 @@ handle (MPI_Test moves MPI's progress engine), so handles and futures complete o
 
 On a machine with as many ranks as cores it must not take a core from compute: it sleeps
 while nothing is in flight, and while ops are pending it polls with a pause that doubles from
-MIN_PAUSE_S to MAX_PAUSE_S between tests (back to the minimum when one completes). Each poll
+MIN_PAUSE_S to MAX_PAUSE_S between tests (back to the minimum when one completes), and while
+the caller keeps issuing ops it skips the tests until the pause reaches MAX_PAUSE_S. Each poll
 costs a few microseconds of one core (mpi4py releases the GIL inside MPI calls); a train of
 async ops their caller waits on costs a little more than without the thread. Calls through
 torch's C++ trampoline pay more on a small VM, where any thread that wakes every millisecond
@@ -76,10 +77,20 @@ class ProgressThread:
         me = threading.get_ident()
         watched = None  # the oldest pending handle the watchdog was told of
         pause = MIN_PAUSE_S
+        entries = self._runtime.in_flight.entries
+        newest = None  # the newest op in flight when this thread last looked
         while not self._stopped:
             # Sleep first: a caller that waits on its op soon completes it itself, and a thread
             # that stays awake through a train of ops is not woken (a context switch) per op.
             time.sleep(pause)
+            latest = entries[-1][1] if entries else None
+            if latest is not newest and pause < MAX_PAUSE_S:
+                # the caller is issuing ops (its own calls move MPI and complete what it waits
+                # on): keep out of its way, looking less often, up to once per MAX_PAUSE_S
+                newest = latest
+                pause = 2 * pause
+                continue
+            newest = latest
             oldest, completed = self._pass()
             if self._waits is not None and oldest is not watched:
                 watched = oldest

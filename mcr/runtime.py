@@ -58,6 +58,7 @@ from .flight import DONE, RETURNED, FlightRecorder
 from .group import Group
 from .handle import Handle
 from .inflight import InFlight
+from .issuing import prepare as prepare_issue
 from .mpi_driver import MPIDriver
 from .ops import dtype_name
 from .progress import ProgressThread
@@ -297,31 +298,31 @@ class Runtime:
         ready = group.ready.get(key)
         if ready is None:
             ready = self._make_ready(key, family, group, tensor)
-        route, fn, comm, blocking = ready
-        if blocking is not None and not async_op:
-            blocking(group, args)
-            if after is not None:
-                after()
-            return None
+        route, blocking, issue = ready
+        if blocking is not None:  # a plain route: one backend call, prepared (mcr.blocking, mcr.issuing)
+            if not async_op:
+                blocking(group, args)
+                if after is not None:
+                    after()
+                return None
+            handle = issue(group, args)
+            return handle if after is None else handle.then(after)
+        # a route in chunks or node-aware phases: the runtime's own steps, each recorded by itself
         recorder = self.recorder
         if recorder is not None:
             entry = recorder.issue(route, group, method, async_op, args[1] if family == "send_recv" else None)
         else:
             entry = None
-        if fn is None:
-            result = (
-                self._run_node_aware(route, group, method, args, async_op)
-                if route.plan is not None
-                else self._run_chunked(route, group, tensor, reduce_op, async_op)
-            )
-            if entry is not None and async_op:
-                result.stamp_done(entry)
-        else:
-            result = self._run_async(route.op, group, fn, comm, args, True, entry)
+        result = (
+            self._run_node_aware(route, group, method, args, async_op)
+            if route.plan is not None
+            else self._run_chunked(route, group, tensor, reduce_op, async_op)
+        )
         if entry is not None:
             if not async_op:
                 entry[DONE] = time_ns()
             else:
+                result.stamp_done(entry)
                 entry[RETURNED] = time_ns()
         if after is None:
             return result
@@ -331,22 +332,23 @@ class Runtime:
         return None
 
     def _make_ready(self, key, family, group, tensor):
-        """(route, bound method, communicator) for `call`'s cache on the group, under `key` (which
-        holds the backend force_backend() names: forcing one never meets an older call); method
-        and communicator None where the route runs in chunks or phases (`_run_chunked`,
-        `_run_node_aware`)."""
+        """(route, blocking run, async issue) for `call`'s cache on the group, under `key` (which
+        holds the backend force_backend() names: forcing one never meets an older call); the two
+        runs (`mcr.blocking`, `mcr.issuing`) None where the route runs in chunks or phases
+        (`_run_chunked`, `_run_node_aware`)."""
         method, nbytes, dtype, is_cuda, explicit, reduce_op, _ = key
         device_type = "cuda" if is_cuda else "cpu"
         route = self.route(family, nbytes, group, dtype, device_type, explicit, reduce_op)
-        fn = comm = blocking = None
+        blocking = issue = None
         if route.plan is None and not (route.chunk_bytes and nbytes > route.chunk_bytes):
             backend = route.backend
             fn, comm = getattr(backend, method), group.comms[backend.name]
             call = backend.for_route(method, comm, nbytes, dtype, device_type, reduce_op)
             blocking = prepare_blocking(self, route.op, group, fn, comm, call, route, method)
+            issue = prepare_issue(self, route.op, group, fn, comm, route, method)
         if len(group.ready) > 65536:
             group.ready.clear()  # bounded, as the choices are
-        ready = group.ready[key] = (route, fn, comm, blocking)
+        ready = group.ready[key] = (route, blocking, issue)
         return ready
 
     def _profiled_call(self, family, method, *args, **kwargs):

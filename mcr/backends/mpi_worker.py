@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 
-from ..handle import Handle
+from ..handle import SharedHandle
 
 
 class CollectiveWorker:
@@ -23,7 +23,7 @@ class CollectiveWorker:
         self._thread = threading.Thread(target=self._run, name="mcr-mpi-worker", daemon=True)
         self._thread.start()
 
-    def submit(self, comm, call, keep) -> Handle:
+    def submit(self, comm, call, keep) -> SharedHandle:
         """Queue `call(comm)` (a blocking MPI collective on `comm`); returns its handle."""
         done, failed = threading.Event(), []
 
@@ -39,7 +39,7 @@ class CollectiveWorker:
                 raise failed[0]
             return True
 
-        handle = Handle(wait, test, keep)
+        handle = SharedHandle(wait, test, keep)
         self._queue.put((comm, call, done, failed, handle))
         return handle
 

@@ -40,7 +40,7 @@ from .. import env as launch_env
 from ..group import Group
 from ..ops import ReduceOp
 from . import versions
-from .work import DONE, HandleWork
+from .work import DONE, handle_work
 
 BACKEND_NAME = "mcr"
 
@@ -106,7 +106,7 @@ class RuntimeProcessGroup(dist.ProcessGroup):
             return self._on_gloo("sparse all_reduce").allreduce(tensors, opts)
         async_op = opts.asyncOp
         handle = _all_reduce(tensors[0], _op(opts.reduceOp), self.mcr_group, async_op)
-        return DONE if handle is None else HandleWork(handle, tensors)
+        return DONE if handle is None else handle_work(handle, tensors)
 
     def allreduce_coalesced(self, tensors, opts=_DEFAULT_OPTS["AllreduceCoalescedOptions"]):
         """One all-reduce on a flat copy: many small tensors cost one op, not many."""
@@ -204,13 +204,13 @@ class RuntimeProcessGroup(dist.ProcessGroup):
 
     # --- point to point: torch's send/recv have no async flag; torch waits when it must -------
     def send(self, tensors, dst, tag):
-        return HandleWork(api.isend(tensors[0], self._ranks[dst], self.mcr_group, tag), tensors)
+        return handle_work(api.isend(tensors[0], self._ranks[dst], self.mcr_group, tag), tensors)
 
     def recv(self, tensors, src, tag):
-        return HandleWork(api.irecv(tensors[0], self._ranks[src], self.mcr_group, tag), tensors)
+        return handle_work(api.irecv(tensors[0], self._ranks[src], self.mcr_group, tag), tensors)
 
     def recv_anysource(self, tensors, tag):
-        return HandleWork(api.irecv(tensors[0], None, self.mcr_group, tag), tensors)
+        return handle_work(api.irecv(tensors[0], None, self.mcr_group, tag), tensors)
 
     # --- helpers -------------------------------------------------------------------------------
     def _on_gloo(self, what):
@@ -222,12 +222,12 @@ class RuntimeProcessGroup(dist.ProcessGroup):
 
     @staticmethod
     def _work(handle, result):
-        return DONE if handle is None else HandleWork(handle, result)
+        return DONE if handle is None else handle_work(handle, result)
 
     @staticmethod
     def _work_or_wait(handles, result, async_op):
         """Coalesced ops run async inside; a blocking caller gets them finished."""
-        work = HandleWork(handles, result)
+        work = handle_work(handles, result)
         if async_op:
             return work
         work.wait()
@@ -252,7 +252,12 @@ _CANONICAL_OPS = {
 }
 
 
+_TORCH_SUM, _SUM = dist.ReduceOp.SUM, _CANONICAL_OPS[int(ReduceOp.SUM)]
+
+
 def _op(reduce_op):
+    if reduce_op == _TORCH_SUM:  # the usual op, by the cheapest test (half the lookup's cost)
+        return _SUM
     op = _CANONICAL_OPS.get(reduce_op.op.value)
     if op is None:
         raise ValueError(

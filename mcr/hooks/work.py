@@ -46,12 +46,11 @@ DONE = DoneWork()
 class HandleWork(dist.Work):
     """An async op: waits on the runtime's handle(s); `result` is what the future carries
     (the DDP reducer reads the reduced tensor from `future.value()[0]`), or a function that
-    makes it once the op is done."""
+    makes it once the op is done. Made by `handle_work`."""
 
-    def __init__(self, handles, result):
-        super().__init__()
-        self._handles = handles  # one mcr Handle, or a list for coalesced ops
-        self._result = result  # nothing more here: every async op's issue pays for this __init__
+    # every async op's issue pays for making one: slots and torch's own __init__ (no Python
+    # __init__ calling it) take a third off (python -m mcr.tools.bench_hooks, the issue table)
+    __slots__ = ("_handles", "_result")
 
     def wait(self, timeout=None):
         handles = self._handles
@@ -89,3 +88,11 @@ class HandleWork(dist.Work):
     def _source_rank(self):  # torch's recv(src=None) asks who sent (a group rank)
         self.wait()
         return self._handles.source()
+
+
+def handle_work(handles, result, _make=HandleWork) -> HandleWork:
+    """The Work for an async op's handle (one mcr Handle, or a list for coalesced ops)."""
+    work = _make()
+    work._handles = handles
+    work._result = result
+    return work

@@ -5,7 +5,8 @@
     MCR_BACKEND=gloo python -m launch.local -n 2 -m mcr.tools.bench_hooks     # force gloo
 
 A second table (`--issue-cost`, on by default) times an async all-reduce's issue against the
-blocking call at a few sizes (`issue_cost`).
+blocking call at a few sizes (`issue_cost`); a third (`--floor`) runs the torch paths on a Python
+backend that does nothing too, so torch's own share of each row is measured beside it (`floor`).
 
 Rows (median µs per call, slowest rank): the chosen backend's library called directly; the
 runtime (`mcr.all_reduce`); the registered ProcessGroup's `allreduce` called from Python;
@@ -118,6 +119,77 @@ def issue_cost(trains: int = 50, sizes=ISSUE_SIZES) -> str:
     return "\n".join(lines)
 
 
+# --- torch's floor: what any Python-registered backend pays before doing anything -------------
+FLOOR_BACKEND = "mcr_floor"
+
+
+class _Finished(dist.Work):
+    __slots__ = ()
+
+    def wait(self, timeout=None):
+        return True
+
+    def is_completed(self):
+        return True
+
+
+class _NothingGroup(dist.ProcessGroup):
+    """A Python backend whose all-reduce does nothing: the rows measured on it are torch's own
+    cost (its Python wrapper, the C++ dispatch and trampoline, the functional op's output and
+    work registry), which no Python backend can go below."""
+
+    _done = _Finished()
+
+    def allreduce(self, tensors, opts=None):
+        return self._done if opts is not None and not opts.asyncOp else _Finished()
+
+    def getBackendName(self):  # noqa: N802  (torch's ProcessGroup method name)
+        return FLOOR_BACKEND
+
+
+def _nothing_group(opts, _):
+    group = _NothingGroup(opts.group_rank, opts.group_size)
+    # torch names a group through its device backends (as "mcr" registers gloo's): unnamed, the
+    # functional op could not find it, nor destroy_process_group unregister it. Never called.
+    gloo = dist.ProcessGroupGloo(opts.store, opts.group_rank, opts.group_size, opts.timeout)
+    group._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, gloo)
+    return group
+
+
+def _floor_group():
+    if FLOOR_BACKEND.upper() not in dist.Backend._plugins:
+        dist.Backend.register_backend(FLOOR_BACKEND, _nothing_group, extended_api=True, devices=["cpu"])
+    return dist.new_group(backend=FLOOR_BACKEND)
+
+
+def floor(iters: int) -> str:
+    """A table: per path, µs per 4-byte all-reduce on backend "mcr" and on a backend that does
+    nothing, side by side (median per call, slowest rank)."""
+    rt = api.runtime()
+    nothing, x = _floor_group(), torch.ones(1)
+    functional_all_reduce, wait_tensor = torch.ops._c10d_functional.all_reduce, torch.ops._c10d_functional.wait_tensor
+
+    def paths(group):
+        name = group.group_name
+        return [
+            ("dist.all_reduce", lambda: dist.all_reduce(x, group=group)),
+            ("dist.all_reduce async+wait", lambda: dist.all_reduce(x, group=group, async_op=True).wait()),
+            ("functional+wait", lambda: wait_tensor(functional_all_reduce(x, "sum", name))),
+        ]
+
+    lines = [
+        f'\n# torch\'s own cost: the same calls on backend "mcr" and on a Python backend that does nothing, '
+        f"{api.get_world_size()} ranks (median µs per call, slowest rank)",
+        f"{'path':<28}{'mcr':>9}{'nothing':>9}{'mcr - nothing':>15}",
+        "-" * 61,
+    ]
+    for (label, on_mcr), (_, on_nothing) in zip(paths(dist.group.WORLD), paths(nothing)):
+        mcr_s, nothing_s = (time_call(rt, call, iters, warmup=50) for call in (on_mcr, on_nothing))
+        lines.append(f"{label:<28}{mcr_s * 1e6:>9.2f}{nothing_s * 1e6:>9.2f}{(mcr_s - nothing_s) * 1e6:>15.2f}")
+    dist.destroy_process_group(nothing)
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--iters", type=int, default=20000, help="calls per row for MPI (gloo: 1/20 of it)")
@@ -126,6 +198,12 @@ def main(argv=None) -> int:
         "--issue-cost", action=argparse.BooleanOptionalAction, default=True, help="the async issue cost table"
     )
     parser.add_argument("--issue-trains", type=int, default=50, help="trains of 20 ops per size for that table")
+    parser.add_argument(
+        "--floor",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="torch's own cost, on a backend doing nothing",
+    )
     args = parser.parse_args(argv)
     torch_backend.init_process_group()
     best = None
@@ -136,6 +214,10 @@ def main(argv=None) -> int:
         print(format_rows(best), flush=True)
     if args.issue_cost:
         table = issue_cost(args.issue_trains)
+        if dist.get_rank() == 0:
+            print(table, flush=True)
+    if args.floor:
+        table = floor(max(1000, args.iters // 10))
         if dist.get_rank() == 0:
             print(table, flush=True)
     dist.destroy_process_group()

@@ -1,0 +1,76 @@
+"""An async op's issue, prepared once per route: what `dist.all_reduce(..., async_op=True)` pays.
+
+The async twin of `mcr.blocking`: `Runtime.call` issues every async op of a plain route through
+a closure made here and cached with its route on the group (`Group.ready`). It does, in order:
+
+  1. opens the op's flight-recorder entry (started when someone waits, done when it completes);
+  2. issues the backend's nonblocking call, naming the op in any error;
+  3. tells the handle the runtime's facts (`Handle.issued`: its watch, the comm log timing it);
+  4. keeps the handle in flight (`mcr.inflight`) and wakes the progress thread if it sleeps.
+
+An issue should cost no more than the blocking call it replaces (issue 21), so what is the same
+for every call of the route is looked up here once, as the blocking closure does
+(its cost: `python -m mcr.tools.bench_hooks`, the async issue table).
+"""
+
+from __future__ import annotations
+
+from threading import get_ident
+from time import perf_counter, time_ns
+
+from .flight import RETURNED
+
+
+def prepare(rt, op, group, fn, comm, route, method):
+    """A function of (group, args) that issues `fn(comm, *args, True)` as async op `op` of `group`
+    on runtime `rt` and returns its handle, held in flight (the group is passed at each call, not
+    held, as in `mcr.blocking.prepare`)."""
+    p2p = op.family == "send_recv"
+    held_comm = None if p2p else comm  # a later blocking op waits for earlier collectives only
+    driven = op.backend in rt._needs_driving
+    add, watch, progress = rt.in_flight.add, rt._watch, rt.progress
+    recorder = rt.recorder
+    if recorder is not None:
+        info, records, append = group.info, recorder.records, recorder.entries.append
+        if recorder.kept is not None:  # a trace keeps every entry too
+            append = lambda entry: (recorder.entries.append(entry), recorder.kept.append(entry))  # noqa: E731
+
+    def issue(group, args):
+        if recorder is not None:  # FlightRecorder.issue's entry, built here: a call less per op
+            if p2p:
+                info.p2p_seq += 1
+            else:
+                info.collective_seq += 1
+            entry = [
+                next(records),
+                route,
+                info,
+                info.collective_seq,
+                info.p2p_seq,
+                method,
+                args[1] if p2p else None,  # the peer
+                True,
+                get_ident(),
+                time_ns(),
+                0,
+                0,
+                0,  # started when waited on
+            ]
+            append(entry)
+        else:
+            entry = None
+        comm_log = rt.comm_log  # read at each call: the online tuner and tests swap it
+        started = perf_counter() if comm_log is not None else 0.0
+        try:
+            handle = fn(comm, *args, True)
+        except Exception as exc:
+            raise rt._error(op, group, exc) from exc
+        handle.issued(op, watch, group, comm_log, started, entry)
+        add(held_comm, handle, driven)
+        if progress is not None and progress.idle:
+            progress.poke()
+        if entry is not None:
+            entry[RETURNED] = time_ns()
+        return handle
+
+    return issue
