@@ -15,7 +15,6 @@ for every call of the route is looked up here once, as the blocking closure does
 
 from __future__ import annotations
 
-from threading import get_ident
 from time import perf_counter, time_ns
 
 from .flight import RETURNED
@@ -30,35 +29,9 @@ def prepare(rt, op, group, fn, comm, route, method):
     driven = op.backend in rt._needs_driving
     add, watch, progress = rt.in_flight.add, rt._watch, rt.progress
     recorder = rt.recorder
-    if recorder is not None:
-        info, records, append = group.info, recorder.records, recorder.entries.append
-        if recorder.kept is not None:  # a trace keeps every entry too
-            append = lambda entry: (recorder.entries.append(entry), recorder.kept.append(entry))  # noqa: E731
 
     def issue(group, args):
-        if recorder is not None:  # FlightRecorder.issue's entry, built here: a call less per op
-            if p2p:
-                info.p2p_seq += 1
-            else:
-                info.collective_seq += 1
-            entry = [
-                next(records),
-                route,
-                info,
-                info.collective_seq,
-                info.p2p_seq,
-                method,
-                args[1] if p2p else None,  # the peer
-                True,
-                get_ident(),
-                time_ns(),
-                0,
-                0,
-                0,  # started when waited on
-            ]
-            append(entry)
-        else:
-            entry = None
+        entry = recorder.issue(route, group, method, True, args[1] if p2p else None) if recorder is not None else None
         comm_log = rt.comm_log  # read at each call: the online tuner and tests swap it
         started = perf_counter() if comm_log is not None else 0.0
         try:
