@@ -28,6 +28,7 @@ import torch.distributed as dist
 
 from .. import api
 from ..hooks import torch_backend
+from ..hooks.work import DONE, DoneWork
 from ..measure import slowest, time_call
 
 
@@ -123,25 +124,13 @@ def issue_cost(trains: int = 50, sizes=ISSUE_SIZES) -> str:
 FLOOR_BACKEND = "mcr_floor"
 
 
-class _Finished(dist.Work):
-    __slots__ = ()
-
-    def wait(self, timeout=None):
-        return True
-
-    def is_completed(self):
-        return True
-
-
 class _NothingGroup(dist.ProcessGroup):
     """A Python backend whose all-reduce does nothing: the rows measured on it are torch's own
     cost (its Python wrapper, the C++ dispatch and trampoline, the functional op's output and
     work registry), which no Python backend can go below."""
 
-    _done = _Finished()
-
     def allreduce(self, tensors, opts=None):
-        return self._done if opts is not None and not opts.asyncOp else _Finished()
+        return DONE if opts is not None and not opts.asyncOp else DoneWork()
 
     def getBackendName(self):  # noqa: N802  (torch's ProcessGroup method name)
         return FLOOR_BACKEND
