@@ -9,10 +9,10 @@ bytes, count). Both go through torch's functional collectives, as torchtitan's d
 """
 
 import json
-import os
 import sys
 
 import fit  # tests/hooks/fit.py, beside this script
+import stock_exit  # beside this script
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -62,14 +62,10 @@ def main(mode):
 
         rows = [[r["op"], r["backend"], r["bytes"], r["count"]] for r in mcr.runtime().comm_log.rows()]
         print(f"COMMLOG all {rank} {json.dumps(rows)}", flush=True)
+    if mode != "mcr":
+        stock_exit.leave()
     dist.barrier()
     dist.destroy_process_group()
-    if mode != "mcr":
-        # stock torch's gloo baseline: 1 run in 12-24 here aborted after destroy_process_group had
-        # returned on every rank ("terminate called without an active exception", in the
-        # interpreter's exit); its results are printed, so skip that exit (mcr's runs keep theirs)
-        sys.stdout.flush()
-        os._exit(0)
 
 
 if __name__ == "__main__":
