@@ -1,8 +1,8 @@
 """A blocking op's run, prepared once per route: the hot path.
 
 `Runtime.call` runs every blocking op through a closure made here and cached with its route on
-the group (`Group.ready`); `Runtime.run` makes one per call for the runtime's own steps (chunks,
-node-aware phases, finalize's barriers). The closure does, in order:
+the group (`Group.ready`); a chunked op makes one per chunk size, and `Runtime.run` one per call
+for the runtime's own steps (node-aware phases, finalize's barriers). The closure does, in order:
 
   1. opens the op's flight-recorder entry (ops of a route only; stamped done at the end);
   2. completes the async collectives issued earlier on the same communicator (`InFlight`);
@@ -23,6 +23,7 @@ from threading import get_ident
 from time import perf_counter, time_ns
 
 from .flight import DONE
+from .issuing import prepare as prepare_issue
 
 
 def prepare(rt, op, group, fn, comm, call=None, route=None, method=None, logged=True):
@@ -42,12 +43,12 @@ def prepare(rt, op, group, fn, comm, call=None, route=None, method=None, logged=
     drives = bool(rt._needs_driving) and op.backend not in rt._needs_driving  # rule 3: keep MPI moving
     if drives and rt._driver is None:
         # MPI takes no second thread: run it as an async op, driving MPI from here while it waits
+        issue = prepare_issue(rt, op, group, fn, comm, route, method, logged, async_op=False)
+
         def run_aside(group, args):
-            peer = args[1] if p2p else None
-            entry = recorder.issue(route, group, method, False, peer) if recorder is not None else None
             if earlier:
                 in_flight.complete_earlier(comm)
-            rt._run_async(op, group, fn, comm, args, logged, entry).wait()
+            issue(group, args).wait()
 
         return run_aside
     if drives:

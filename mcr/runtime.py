@@ -280,7 +280,7 @@ class Runtime:
 
         def gather(group, out, mine):
             op = OpCall("debug_check", "gloo", mine.nbytes, group.size)
-            self.run(op, group, False, gloo.all_gather_into_tensor, group.comms["gloo"], (out, mine))
+            self.run(op, group, gloo.all_gather_into_tensor, group.comms["gloo"], (out, mine))
 
         return CallChecker(gather, self.rank)
 
@@ -431,25 +431,11 @@ class Runtime:
         return int(size.item())
 
     # --- step 3 and 4: run, watch and account --------------------------------------------------
-    def run(self, op: OpCall, group, async_op, fn, comm, args, logged=True):
-        """fn(comm, *args, async_op) under the watchdog, its time in the comm log (unless a
-        chunk of an op that is logged whole); blocking as `mcr.blocking` describes."""
-        if async_op:
-            return self._run_async(op, group, fn, comm, args, logged)
+    def run(self, op: OpCall, group, fn, comm, args, logged=True):
+        """fn(comm, *args, False) under the watchdog, its time in the comm log (unless a chunk
+        of an op that is logged whole): the runtime's own blocking steps, as `mcr.blocking`
+        describes."""
         return prepare_blocking(self, op, group, fn, comm, logged=logged)(group, args)
-
-    def _run_async(self, op, group, fn, comm, args, logged=True, entry=None):
-        """`entry`: the op's flight-recorder entry, stamped done when the op completes."""
-        comm_log = self.comm_log if logged else None
-        started = perf_counter() if comm_log is not None else 0.0
-        try:
-            handle = fn(comm, *args, True)
-        except Exception as exc:
-            raise self._error(op, group, exc) from exc
-        # the watch (watchdog, rule 3, the error naming the op) runs only if the handle is waited on
-        handle.issued(op, self._watch, group, comm_log, started, entry)
-        self.hold(None if op.family == "send_recv" else comm, handle, op.backend in self._needs_driving)
-        return handle
 
     def _drive(self) -> None:
         """Let the backends that progress only inside their calls (MPI) move, without blocking:
@@ -501,7 +487,7 @@ class Runtime:
             backend, sub = (plan.intra, groups.local) if where == "intra" else (plan.inter, groups.peers)
             what = f"{family} via {plan.label}: {where}-node {phase_method}"
             op = OpCall(what, backend.name, phase_args[1 if phase_method != "all_reduce" else 0].nbytes, sub.size)
-            self.run(op, sub, False, getattr(backend, phase_method), sub.comms[backend.name], phase_args, False)
+            self.run(op, sub, getattr(backend, phase_method), sub.comms[backend.name], phase_args, False)
 
         node_aware.run(method, args, groups, phase)
         if self.comm_log is not None:
@@ -523,18 +509,15 @@ class Runtime:
         per = max(1, route.chunk_bytes // tensor.element_size())
         started, comm_log = perf_counter(), self.comm_log
         whole = route.op._replace(backend=label(Choice(backend.name, route.chunk_bytes)))
-        handles, runs = [], {}  # runs: a blocking chunk's function by its size (all but the last share one)
+        prepare = prepare_issue if async_op else prepare_blocking
+        handles, runs = [], {}  # runs: a chunk's function by its size (all but the last share one)
         for start in range(0, flat.numel(), per):
             part = flat[start : start + per]
-            if async_op:
-                op = route.op._replace(nbytes=part.nbytes)
-                handles.append(self._run_async(op, group, fn, comm, (part, reduce_op), False))
-                continue
             run = runs.get(part.nbytes)
             if run is None:
                 op = route.op._replace(nbytes=part.nbytes)
-                run = runs[part.nbytes] = prepare_blocking(self, op, group, fn, comm, logged=False)
-            run(group, (part, reduce_op))
+                run = runs[part.nbytes] = prepare(self, op, group, fn, comm, logged=False)
+            handles.append(run(group, (part, reduce_op)))
         if not async_op:
             if comm_log is not None:
                 comm_log.record(whole, perf_counter() - started)
@@ -610,7 +593,7 @@ class Runtime:
         comm_log, self.comm_log = self.comm_log, None  # already printed; the job's traffic only
         for name, backend in self.backends.items():
             op = OpCall("finalize", name, 0, self.world.size)
-            self.run(op, self.world, False, backend.barrier, self.world.comms[name], ())
+            self.run(op, self.world, backend.barrier, self.world.comms[name], ())
         self.comm_log = comm_log
         if self.progress is not None:
             self.progress.stop()
