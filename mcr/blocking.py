@@ -89,7 +89,7 @@ def prepare(rt, op, group, fn, comm, call=None, route=None, method=None, logged=
         comm_log = rt.comm_log if logged else None
         if comm_log is not None:
             started = perf_counter()
-        waits[thread] = op
+        waits[thread] = (op,)  # a fresh object per call: the watchdog times each wait apart
         try:
             call(*args)
         except Exception as exc:

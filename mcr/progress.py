@@ -97,7 +97,7 @@ class ProgressThread:
                 if oldest is None:
                     self._waits.pop(me, None)
                 else:  # a fresh tuple per handle: the watchdog times an object from when it first saw it
-                    self._waits[me] = tuple(oldest.op) if oldest.op is not None else ("async op", "?", 0, 0)
+                    self._waits[me] = (oldest.op if oldest.op is not None else ("async op", "?", 0, 0),)
             if oldest is not None and completed:
                 pause = MIN_PAUSE_S
             elif oldest is not None or pause < MAX_PAUSE_S:

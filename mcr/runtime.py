@@ -547,7 +547,7 @@ class Runtime:
             FlightRecorder.waited(handle.record)
         if waits is not None:
             thread = get_ident()
-            waits[thread] = op
+            waits[thread] = (op,)  # a fresh object per wait (mcr.watchdog)
         try:
             if not drives:
                 inner_wait()

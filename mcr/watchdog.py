@@ -25,9 +25,12 @@ EXIT_CODE = 86  # distinct, so a test can tell a watchdog stop from a crash
 
 
 class Watchdog:
-    """`waits` maps a thread to the (op, backend, nbytes, group_size) it is blocked in. The
-    caller only stores and deletes that tuple (cheap: no clock reads on the hot path); this
-    thread notes when it first saw each tuple and times it from there, to within a period."""
+    """`waits` maps a thread to `(what,)`, what = the (op, backend, nbytes, group_size) it is
+    blocked in, in a 1-tuple made for that wait. The caller only stores and deletes it (cheap:
+    no clock reads on the hot path); this thread notes when it first saw each 1-tuple and times
+    it from there, to within a period. A fresh one per wait matters: `what` is the route's
+    OpCall, the same object for every call of the route, and a train of one op, the caller in
+    it at every look, would read as one wait as long as the train."""
 
     def __init__(self, rank: int, timeout_s: float, dump=None):
         self.rank = rank
@@ -94,17 +97,17 @@ class Watchdog:
                 return
             now = time.monotonic()
             seen = {}
-            for what in list(self.waits.values()):
-                earlier = self._first_seen.get(id(what))
-                seen[id(what)] = earlier if earlier is not None and earlier[0] is what else (what, now)
-                waited = now - seen[id(what)][1]
+            for wait in list(self.waits.values()):
+                earlier = self._first_seen.get(id(wait))
+                seen[id(wait)] = earlier if earlier is not None and earlier[0] is wait else (wait, now)
+                waited = now - seen[id(wait)][1]
                 if waited > self.timeout_s:
-                    self._fire(what, waited)
+                    self._fire(wait[0], waited)
             self._first_seen = seen
 
-    def _waited(self, what) -> float:
-        earlier = self._first_seen.get(id(what))
-        return time.monotonic() - earlier[1] if earlier is not None and earlier[0] is what else 0.0
+    def _waited(self, wait) -> float:
+        earlier = self._first_seen.get(id(wait))
+        return time.monotonic() - earlier[1] if earlier is not None and earlier[0] is wait else 0.0
 
     def _terminated(self):
         """SIGTERM: name the ops this rank waits in, then end at once, as SIGTERM would have."""
@@ -112,10 +115,10 @@ class Watchdog:
             if os.getpid() == self._pid:  # not a forked child (a data-loader worker)
                 ended = f"mcr: rank {self.rank} was ended by SIGTERM (its launcher stopping the job; another rank probably died)"
                 waits = list(self.waits.values())
-                for what in waits:
-                    op, backend, nbytes, group_size = what
+                for wait in waits:
+                    op, backend, nbytes, group_size = wait[0]
                     sys.stderr.write(
-                        f"{ended} while waiting {self._waited(what):.1f} s in {op} on backend {backend} "
+                        f"{ended} while waiting {self._waited(wait):.1f} s in {op} on backend {backend} "
                         f"({nbytes} bytes, group of {group_size} ranks)\n"
                     )
                 if not waits:

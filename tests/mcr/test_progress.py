@@ -43,6 +43,27 @@ def test_async_op_that_never_completes_is_named_by_the_watchdog():
     assert "still here" not in result.output
 
 
+@pytest.mark.parametrize("mode", ["train", "train-blocking"])
+def test_a_train_of_one_op_longer_than_the_watchdog_timeout_runs_to_its_end(mode):
+    """8 s of one gloo all-reduce after another (async and waited, or blocking) under a 3 s
+    watchdog: every call shares the route's OpCall, and the caller is inside a wait at nearly
+    every look of the watchdog, which must see a new wait each time, not one wait of 8 s."""
+    out = run_script(2, SCRIPT, mode, env={"MCR_WATCHDOG_TIMEOUT": "3"}, timeout=100).check().output
+    assert sorted(re.findall(r"rank (\d+): the train of \d+ ops ended, still here", out)) == ["0", "1"], out[-3000:]
+
+
+def test_a_caller_that_keeps_issuing_ops_does_not_hide_a_hung_one_from_the_watchdog():
+    """The progress thread skips its tests while its caller issues ops, but not for longer than
+    MAX_PAUSE_S: rank 0's never-joined op is named while both ranks issue an 8 s train of gloo
+    ops (a thread that skipped every test while ops kept coming would never name it)."""
+    result = run_script(2, SCRIPT, "hang-train", env={"MCR_WATCHDOG_TIMEOUT": "3"}, timeout=100)
+    assert result.returncode != 0, result.output[-3000:]
+    assert "rank 0 has waited" in result.output and "in all_reduce on backend mpi (16 bytes" in result.output, (
+        result.output[-3000:]
+    )
+    assert "still here" not in result.output, result.output[-3000:]
+
+
 def test_an_op_failing_where_nobody_waits_is_named():
     """The progress thread aborts the job with this message: no caller's wait would name the op."""
     from mcr.handle import Handle

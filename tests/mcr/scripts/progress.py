@@ -11,6 +11,12 @@
                               and blocking all-reduces on the same group, results compared whole
     progress.py hang          rank 0 issues an async all-reduce that rank 1 never joins; the
                               job must end naming it (the watchdog learns of it from the thread)
+    progress.py train         both ranks issue async ops on gloo for TRAIN_S, each waited at
+                              once: a healthy train as long as 2.7 watchdog timeouts must end
+    progress.py train-blocking  the same with blocking ops
+    progress.py hang-train    the same, and rank 0 issues an op rank 1 never joins: the thread,
+                              which looks less often while its caller issues, must still tell
+                              the watchdog in time
     progress.py alone         on MPI and on gloo: an async AVG all-reduce's completion callback,
                               waited for in Python only for ALONE_S; prints whether it ran, then
                               waits and checks the whole result (the thread on: it ran; off: not)
@@ -35,6 +41,7 @@ import mcr
 TIMEOUT_S = 30
 LATE_S = 2.0
 ALONE_S = 5.0  # long enough for the progress thread (polls every 50 µs-1 ms), short for a test
+TRAIN_S = 8.0  # train/hang-train: run under a 3 s watchdog, which ends hang-train long before
 mode = sys.argv[1]
 
 
@@ -195,6 +202,33 @@ def futures_wait_at_get_future():
     return count
 
 
+def train(seconds, hang_after_s=None, blocking=False):
+    """Issue async all-reduces on gloo for `seconds`, each waited at once (blocking ones with
+    `blocking`), checking each result; the newest op in flight changes at every look of the progress thread,
+    and the caller is inside a wait at nearly every look of the watchdog. `hang_after_s`: then
+    rank 0 also issues an all-reduce on MPI that rank 1 never joins, once the progress thread has
+    settled into the train: the thread must still test at least once per MAX_PAUSE_S and tell
+    the watchdog of it. Returns how many ops ran."""
+    started = time.monotonic()
+    hung = None
+    k, stop = 0, False
+    while not stop:
+        if rank == 0 and hang_after_s is not None and hung is None and time.monotonic() > started + hang_after_s:
+            hung = mcr.all_reduce(torch.ones(4), async_op=True, backend="mpi")
+            print(f"rank 0: issued an all_reduce rank 1 never joins, after {k} ops of the train", flush=True)
+        # the last element is this rank's vote to stop: every rank stops after the same op
+        vote = float(time.monotonic() > started + seconds)
+        x = torch.cat([torch.arange(4, dtype=torch.float32) + 10 * k + rank, torch.tensor([vote])])
+        if blocking:
+            mcr.all_reduce(x, backend="gloo")
+        else:
+            mcr.all_reduce(x, async_op=True, backend="gloo").wait()
+        same(f"train op {k}", x[:4], sum(torch.arange(4, dtype=torch.float32) + 10 * k + r for r in range(n)))
+        stop = x[4].item() > 0
+        k += 1
+    return k
+
+
 def no_second_mpi_thread(where):
     running = sorted(t.name for t in threading.enumerate() if t.name.startswith("mcr-"))
     for name in ("mcr-progress", "mcr-mpi-driver", "mcr-mpi-worker"):
@@ -266,6 +300,12 @@ elif mode == "hang":
         print("rank 0: issued an all_reduce rank 1 never joins", flush=True)
     time.sleep(120)  # rank 0's watchdog must end the job long before
     print(f"rank {rank}: still here after 120 s", flush=True)
+elif mode in ("train", "train-blocking", "hang-train"):
+    mcr.init()
+    rank, n = mcr.get_rank(), mcr.get_world_size()
+    k = train(TRAIN_S, hang_after_s=0.5 if mode == "hang-train" else None, blocking=mode == "train-blocking")
+    print(f"rank {rank}: the train of {k} ops ended, still here", flush=True)
+    mcr.finalize()
 else:
     mcr.init()
     rank, n = mcr.get_rank(), mcr.get_world_size()
