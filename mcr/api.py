@@ -6,7 +6,9 @@ input), asks the runtime for a backend and runs it there.
 
 from __future__ import annotations
 
+import atexit
 import logging
+import os
 import sys
 
 import torch
@@ -51,7 +53,21 @@ def init(config=None, store=None, info=None, op_timeout_s=None, **kwargs) -> Run
     cfg = config_mod.load(config, **kwargs)
     _setup_logging()
     _runtime = Runtime(cfg, info or launch_env.discover(), store=store, op_timeout_s=op_timeout_s)
+    global _exit_registered
+    if not _exit_registered:
+        atexit.register(_release_at_exit, os.getpid())
+        _exit_registered = True
     return _runtime
+
+
+_exit_registered = False
+
+
+def _release_at_exit(pid) -> None:
+    """A script that ends without finalize(): its groups go while Python still runs
+    (`Runtime.release_at_exit`); not in a forked child, whose runtime is its parent's."""
+    if _runtime is not None and os.getpid() == pid:
+        _runtime.release_at_exit()
 
 
 def finalize() -> None:

@@ -3,9 +3,12 @@ the runtime: the groups are destroyed while Python runs, not at interpreter exit
 thread that needs the GIL aborts the process).
 
     finalize_releases.py VIA     VIA: mcr (mcr.init/finalize) | torch (backend "mcr":
-                                 init_process_group/new_group/destroy_process_group)
+                                 init_process_group/new_group/destroy_process_group) | exit
+                                 (mcr.init, and the script ends without finalize: the groups
+                                 go at exit, before the interpreter finalizes)
 """
 
+import atexit
 import os
 import sys
 
@@ -24,7 +27,18 @@ def gloo_threads():
     return [name for name in names if name in GLOO_THREADS]
 
 
+def released_at_exit():
+    """Registered before mcr.init, so it runs after the runtime's own exit handler."""
+    left = gloo_threads()
+    if left:
+        print(f"rank {rank}: gloo threads left at exit without finalize: {left}", flush=True)
+    else:
+        print(f"rank {rank}: the exit released every gloo group", flush=True)
+
+
 via = sys.argv[1]
+if via == "exit":
+    atexit.register(released_at_exit)
 if via == "torch":
     import torch.distributed as dist
 
@@ -48,6 +62,8 @@ total = sum(range(1, n + 1))
 assert torch.equal(x, torch.full((8,), float(total * n))), x
 assert gloo_threads(), "the test needs gloo groups to have started their threads"
 
+if via == "exit":
+    sys.exit(0)  # no finalize: released_at_exit looks after the runtime's exit handler ran
 if via == "torch":
     # a torch group the caller still holds keeps its gloo backend (registered with torch) until it
     # is dropped, as torch's own gloo groups do; torch's references go with destroy_process_group
