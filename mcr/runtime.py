@@ -37,7 +37,6 @@ import logging
 import os
 import sys
 import time
-import zlib
 from threading import Event, Thread, get_ident
 from time import perf_counter, time_ns
 from typing import NamedTuple
@@ -181,9 +180,8 @@ class Runtime:
 
     def abort_job(self):
         """End this rank now and, through MPI where it runs, the whole job."""
-        mpi = self.backends.get("mpi")
-        if mpi is not None:
-            mpi.MPI.COMM_WORLD.Abort(1)
+        for backend in self.backends.values():
+            backend.abort()
         os._exit(1)
 
     def _progress_thread(self, cfg):
@@ -232,12 +230,9 @@ class Runtime:
         self._member_made[key] += 1
         key = f"{key}#{self._member_made[key]}"  # every member counts the same creations
         for name, backend in self.backends.items():
-            if name == "mpi":  # the tag keeps creations of overlapping groups apart
-                group.comms[name] = backend.member_group(ranks, zlib.crc32(key.encode()) % 32768)
-            else:
-                comm = backend.new_group(key, list(ranks), group.rank, timeout)
-                if comm is not None:
-                    group.comms[name] = comm
+            comm = backend.member_group(key, ranks, group.rank, timeout)
+            if comm is not None:
+                group.comms[name] = comm
         if keep:
             self._groups.append(group)
         return group

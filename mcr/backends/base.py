@@ -102,5 +102,15 @@ class Backend:
     def barrier(self, g, async_op):
         raise NotImplementedError
 
+    def member_group(self, key: str, ranks: list[int], group_rank: int, timeout=None):
+        """A group built by its members alone, in the given rank order (group rank i is
+        ranks[i]); `key` is the same on every member and differs between groups. By default
+        the group as `new_group` makes it, with `key` naming it in the store."""
+        return self.new_group(key, list(ranks), group_rank, timeout)
+
+    def abort(self):
+        """End the whole job where the library can (MPI takes every rank down); the runtime
+        then ends this process."""
+
     def shutdown(self):
         pass

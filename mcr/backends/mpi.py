@@ -16,6 +16,7 @@ import functools
 import glob
 import importlib.util
 import os
+import zlib
 
 import torch
 
@@ -228,6 +229,9 @@ class MPIBackend(Backend):
         go out only from inside MPI calls)."""
         self._quiet.Iprobe(*self._any)
 
+    def abort(self):
+        self.MPI.COMM_WORLD.Abort(1)
+
     def shutdown(self):
         if self._worker is not None:
             self._worker.stop()
@@ -249,12 +253,12 @@ class MPIBackend(Backend):
         self._comms.append(comm)
         return self._with_twin(comm)
 
-    def member_group(self, ranks, tag=0):
-        """A group's communicator built by its members alone (MPI_Comm_create_group), in the given
-        rank order; `tag` tells apart creations of overlapping groups that run at the same time."""
+    def member_group(self, key, ranks, group_rank, timeout=None):
+        """MPI_Comm_create_group over the members, in the given rank order; a tag drawn from `key`
+        tells apart creations of overlapping groups that run at the same time."""
         world_group = self.world.Get_group()
         members = world_group.Incl(list(ranks))
-        comm = self.world.Create_group(members, tag)
+        comm = self.world.Create_group(members, zlib.crc32(key.encode()) % 32768)
         members.Free()
         world_group.Free()
         self._comms.append(comm)
