@@ -195,14 +195,14 @@ def _average(name, tensor, op, group_size):
 # to Runtime.call: choose the backend, run the backend's method of the given name, post-step.
 def all_reduce(tensor, op=_SUM, group=None, async_op=False, backend=None):
     # the hot path (configs/tuning/vm-n2-bench-hotpath.txt): _start and a SUM's _average inlined,
-    # and a blocking SUM whose route is ready runs it directly (under Runtime.call's key for it:
+    # and a SUM whose route is ready runs or issues it directly (under Runtime.call's key for it:
     # a key that misses only takes the long way)
     rt = _runtime or runtime()
     g = rt.world if group is None else group
-    if op is _SUM and not async_op and rt.direct and type(tensor) is _Tensor and tensor.is_contiguous():
+    if op is _SUM and rt.direct and type(tensor) is _Tensor and tensor.is_contiguous():
         ready = g.ready.get(("all_reduce", tensor.nbytes, tensor.dtype, tensor.is_cuda, backend, "sum", rt._forced))
         if ready is not None and ready[1] is not None:
-            return ready[1](g, (tensor, "sum"))
+            return ready[2](g, (tensor, "sum")) if async_op else ready[1](g, (tensor, "sum"))
     if type(tensor) is not torch.Tensor or not tensor.is_contiguous():  # the full check only off the hot path
         _check("all_reduce", tensor)
     if op is _SUM:

@@ -43,7 +43,7 @@ def prepare(rt, op, group, fn, comm, call=None, route=None, method=None, logged=
     drives = bool(rt._needs_driving) and op.backend not in rt._needs_driving  # rule 3: keep MPI moving
     if drives and rt._driver is None:
         # MPI takes no second thread: run it as an async op, driving MPI from here while it waits
-        issue = prepare_issue(rt, op, group, fn, comm, route, method, logged, async_op=False)
+        issue = prepare_issue(rt, op, group, fn, comm, route=route, method=method, logged=logged, async_op=False)
 
         def run_aside(group, args):
             if earlier:

@@ -22,13 +22,17 @@ from time import perf_counter, time_ns
 from .flight import RETURNED
 
 
-def prepare(rt, op, group, fn, comm, route=None, method=None, logged=True, async_op=True):
+def prepare(rt, op, group, fn, comm, call=None, route=None, method=None, logged=True, async_op=True):
     """A function of (group, args) that issues `fn(comm, *args, True)` as async op `op` of `group`
     on runtime `rt` and returns its handle, held in flight (the group is passed at each call, not
-    held, as in `mcr.blocking.prepare`). `route` and `method`: the call's, for its flight-recorder
-    entry (None: a chunk of an op, not recorded). `logged`: False for a chunk of an op the comm
-    log counts whole. `async_op`: False for a blocking call run this way (`mcr.blocking`, MPI
-    with no driver thread): its entry says blocking, and its caller waits at once."""
+    held, as in `mcr.blocking.prepare`). `call`: the same as a function of `*args` alone, where
+    the backend has a faster one for the route (`Backend.for_route(..., async_op=True)`).
+    `route` and `method`: the call's, for its flight-recorder entry (None: a chunk of an op, not
+    recorded). `logged`: False for a chunk of an op the comm log counts whole. `async_op`: False
+    for a blocking call run this way (`mcr.blocking`, MPI with no driver thread): its entry says
+    blocking, and its caller waits at once."""
+    if call is None:
+        call = lambda *args: fn(comm, *args, True)  # noqa: E731
     p2p = op.family == "send_recv"
     held_comm = None if p2p else comm  # a later blocking op waits for earlier collectives only
     driven = op.backend in rt._needs_driving
@@ -42,7 +46,7 @@ def prepare(rt, op, group, fn, comm, route=None, method=None, logged=True, async
         comm_log = rt.comm_log if logged else None  # read at each call: the online tuner and tests swap it
         started = perf_counter() if comm_log is not None else 0.0
         try:
-            handle = fn(comm, *args, True)
+            handle = call(*args)
         except Exception as exc:
             raise rt._error(op, group, exc) from exc
         handle.issued(op, watch, group, comm_log, started, entry)

@@ -51,13 +51,13 @@ class Backend:
     def supports(self, family: str, dtype, reduce_op, device_type: str) -> bool:
         return device_type in self.devices
 
-    def for_route(self, method: str, comm, nbytes: int, dtype, device_type: str, reduce_op):
-        """The blocking calls of one route (the runtime caches this per route): a function of
-        `method`'s arguments after the group, run on `comm` and blocking. A backend may return
-        a faster one that holds what the route fixes (message size, dtype, device, reduce op)
-        instead of looking it up per call."""
+    def for_route(self, method: str, comm, nbytes: int, dtype, device_type: str, reduce_op, async_op=False):
+        """The calls of one route (the runtime caches this per route): a function of `method`'s
+        arguments after the group, run on `comm`, blocking or (`async_op`) returning the op's
+        handle. A backend may return a faster one that holds what the route fixes (message
+        size, dtype, device, reduce op) instead of looking it up per call."""
         fn = getattr(self, method)
-        return lambda *args: fn(comm, *args, False)
+        return lambda *args: fn(comm, *args, async_op)
 
     def all_reduce(self, g, tensor, op, async_op):
         raise NotImplementedError

@@ -278,23 +278,42 @@ class MPIBackend(Backend):
             return dtype in self._dtypes and reduce_op in self._ops
         return True
 
-    def for_route(self, method, comm, nbytes, dtype, device_type, reduce_op):
-        """A host all-reduce's buffer type and MPI op, looked up once per route (the hot path)."""
-        if method != "all_reduce" or device_type != "cpu" or (dtype in self._upcast and nbytes < UPCAST_BELOW):
-            return super().for_route(method, comm, nbytes, dtype, device_type, reduce_op)
-        mem, in_place, allreduce = self._mem, self._in_place, comm.Allreduce
+    def for_route(self, method, comm, nbytes, dtype, device_type, reduce_op, async_op=False):
+        """A host all-reduce's buffer type and MPI op, looked up once per route (the hot path);
+        an async one below the worker's size issues MPI's nonblocking call on the same buffers."""
+        if (
+            method != "all_reduce"
+            or device_type != "cpu"
+            or (dtype in self._upcast and nbytes < UPCAST_BELOW)
+            or (async_op and nbytes >= WORKER_FROM)
+        ):
+            return super().for_route(method, comm, nbytes, dtype, device_type, reduce_op, async_op)
+        mem, in_place = self._mem, self._in_place
         mpi_type, mpi_op = self._dtypes[dtype], self._ops_for[dtype][reduce_op]
 
         buffers = {}  # by address: a buffer names only its address, size and type, all fixed here
 
-        def all_reduce(tensor, op):  # op is the route's
+        def buffer_of(tensor):
             address = tensor.data_ptr()
             buffer = buffers.get(address)
             if buffer is None:
                 if len(buffers) >= BUFFERS_PER_ROUTE:
                     buffers.clear()
                 buffer = buffers[address] = [mem(address, nbytes), mpi_type]
-            allreduce(in_place, buffer, mpi_op)
+            return buffer
+
+        if async_op:
+            iallreduce = comm.Iallreduce
+
+            def issue_all_reduce(tensor, op):  # op is the route's
+                request = iallreduce(in_place, buffer_of(tensor), mpi_op)
+                return Handle(request.Wait, request.Test, tensor)
+
+            return issue_all_reduce
+        allreduce = comm.Allreduce
+
+        def all_reduce(tensor, op):  # op is the route's
+            allreduce(in_place, buffer_of(tensor), mpi_op)
 
         return all_reduce
 
