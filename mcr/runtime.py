@@ -340,8 +340,8 @@ class Runtime:
             fn, comm = getattr(backend, method), group.comms[backend.name]
             call = backend.for_route(method, comm, nbytes, dtype, device_type, reduce_op)
             blocking = prepare_blocking(self, route.op, group, fn, comm, call, route, method)
-            call = backend.for_route(method, comm, nbytes, dtype, device_type, reduce_op, async_op=True)
-            issue = prepare_issue(self, route.op, group, fn, comm, call, route, method)
+            issue_call = backend.for_route(method, comm, nbytes, dtype, device_type, reduce_op, async_op=True)
+            issue = prepare_issue(self, route.op, group, fn, comm, issue_call, route, method)
         if len(group.ready) > 65536:
             group.ready.clear()  # bounded, as the choices are
         ready = group.ready[key] = (route, blocking, issue)

@@ -306,8 +306,7 @@ class MPIBackend(Backend):
             iallreduce = comm.Iallreduce
 
             def issue_all_reduce(tensor, op):  # op is the route's
-                request = iallreduce(in_place, buffer_of(tensor), mpi_op)
-                return Handle(request.Wait, request.Test, tensor)
+                return from_mpi_request(iallreduce(in_place, buffer_of(tensor), mpi_op), tensor)
 
             return issue_all_reduce
         allreduce = comm.Allreduce
