@@ -19,7 +19,7 @@ import torch
 
 from .. import api
 from ..commlog import human_bytes
-from ..measure import MEASURABLE_OPS, PACE_HELP, compare, time_call
+from ..measure import MEASURABLE_OPS, PACE_HELP, compare, paced, time_call
 from ..ops import bus_factor
 from ..tuning import candidates as cands
 
@@ -137,7 +137,7 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--rounds", type=int, default=3, help="interleaved rounds per point; each backend keeps its best"
     )
-    parser.add_argument("--pace", action="store_true", help=PACE_HELP)
+    parser.add_argument("--pace", action=argparse.BooleanOptionalAction, default=None, help=PACE_HELP)
     parser.add_argument("--tuning", default=None, help="tuning table for the auto choice (else MCR_TUNING_FILE)")
     parser.add_argument("--no-overhead", action="store_true", help="skip the overhead measurement")
     parser.add_argument("--json", default=None, help="also write the rows here (rank 0)")
@@ -164,8 +164,9 @@ def main(argv=None) -> int:
                 parser.error(f"backend {part!r} is unavailable here: {rt.unavailable.get(part, 'unknown backend')}")
     dtype = getattr(torch, args.dtype)
     sizes = sizes_between(cands.parse_bytes(args.min_bytes), cands.parse_bytes(args.max_bytes))
-    rows = sweep(ops, backends, sizes, dtype, args.iters, args.rounds, args.pace)
-    text = format_table(rows, backends)
+    pace = paced(args.pace, rt.shape.nodes)
+    rows = sweep(ops, backends, sizes, dtype, args.iters, args.rounds, pace)
+    text = f"mcr.tools.bench: calls timed {'paced' if pace else 'back to back'}\n" + format_table(rows, backends)
     over_text, over = ("", {}) if args.no_overhead else overhead()
     if rt.rank == 0:
         print(text + "\n" + over_text, flush=True)

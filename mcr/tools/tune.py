@@ -25,7 +25,7 @@ import torch
 
 from .. import api
 from ..backends import builtin_order
-from ..measure import MEASURABLE_OPS, PACE_HELP, compare
+from ..measure import MEASURABLE_OPS, PACE_HELP, compare, paced
 from ..tuning import candidates as cands
 from ..tuning.fingerprint import fingerprint
 from ..tuning.model import fits_for, predict_table
@@ -155,7 +155,7 @@ def parse_args(argv):
     p.add_argument("--iters", type=int, default=None, help="iterations per point (default: scaled by size)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per size; each candidate keeps its best")
-    p.add_argument("--pace", action="store_true", help=PACE_HELP)
+    p.add_argument("--pace", action=argparse.BooleanOptionalAction, default=None, help=PACE_HELP)
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help="fraction a candidate must win by to take over")
     p.add_argument("--dtype", default="float32")
     p.add_argument(
@@ -228,11 +228,12 @@ def main(argv=None) -> int:
     extra = {int(cands.parse_bytes(s)) for s in args.sizes.split(",") if s.strip()}
     used = model_sizes(args.sizes_from) if args.sizes_from else {}
     out_path = args.out.format(host=socket.gethostname(), world=world, rank=rank)
+    pace = paced(args.pace, rt.shape.nodes)
 
     log(
         f"mcr.tools.tune: {world} ranks, backends {', '.join(preferred)}, ops {', '.join(ops)}, "
         f"{len(base)} sizes {base[0]} B .. {base[-1]} B, chunks {args.chunks or 'none'}"
-        + (", paced" if args.pace else "")
+        + (", paced" if pace else ", back to back")
     )
     started = time.perf_counter()
     curves = []
@@ -259,7 +260,7 @@ def main(argv=None) -> int:
                         args.rounds,
                         args.margin,
                         log,
-                        args.pace,
+                        pace,
                     )
                 )
         api.barrier()

@@ -53,6 +53,7 @@ def test_tune_writes_an_identical_table_on_every_rank_and_the_runtime_follows_it
         tmp_path / "table-0-plots" / "all_reduce-n2.png"
     ).stat().st_size > 10_000
     assert "# all_reduce, group of 2" in out
+    assert "chunks 512K, back to back" in out, out[-3000:]  # one node: not paced unless asked
 
     # the table as measured: the runtime's choice at each entry's sizes is the entry's
     env = {"MCR_TUNING_FILE": str(tmp_path / "table-0.yaml")}
