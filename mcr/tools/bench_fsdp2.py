@@ -24,6 +24,8 @@ from .. import api
 from ..hooks import torch_backend
 from .bench_ddp import slowest_median
 
+OPS = ("all_gather", "reduce_scatter")
+
 
 def step_times(model, opt, batch, steps) -> list:
     import time
@@ -71,11 +73,13 @@ def main(argv=None) -> int:
     rt.force_backend(None)
     if rank == 0:
         layer_bytes = args.width * (args.width + 1) * 4
-        chosen = rt.choose("all_gather", layer_bytes, rt.world, torch.float32, "cpu")[0].name
+        # both ops move a whole layer (mcr sizes an all-gather by its output, a reduce-scatter by its input)
+        chosen = {op: rt.choose(op, layer_bytes, rt.world, torch.float32, "cpu")[0].name for op in OPS}
         table = rt.table.path if rt.table is not None and not rt.table.online else "no table"
         print(
             f"\n# FSDP2 on backend mcr, {n} ranks: {args.layers}x Linear({args.width}) each sharded, "
-            f"{layer_bytes / 2**20:.1f} MiB all-gathered per layer, batch {args.batch}; auto: {table} ({chosen} for a layer)"
+            f"{layer_bytes / 2**20:.1f} MiB all-gathered and reduce-scattered per layer, batch {args.batch}; "
+            f"auto: {table} (" + ", ".join(f"{op} on {name}" for op, name in chosen.items()) + ")"
         )
         print(f"{'way':<8}{'step ms':>9}{'vs gloo':>9}\n" + "-" * 26)
         for way, t in best.items():
