@@ -8,7 +8,9 @@
     python -m tests.cluster down                         # every namespace, link and daemon it made
 
 The nodes share this machine's cores: give `mpiexec` across them `--bind-to none` (as
-`launch.local` does), or Open MPI binds each node's ranks from core 0 up, onto the same cores.
+`launch.local` does), or Open MPI binds each node's ranks from core 0 up, onto the same cores;
+and `-x OMP_NUM_THREADS` set to the cores over all ranks, or each rank sizes its thread pool for
+all of them.
 `up` replaces a cluster already in the state dir; `down` is safe to repeat. From outside the
 nodes, SLURM's clients need `SLURM_CONF=<state>/slurm/slurm.conf` (printed by `up`).
 """
