@@ -32,13 +32,18 @@ from ..hooks.work import DONE, DoneWork
 from ..measure import slowest, time_call
 
 
-def _library_call(rt, name, x):
+def _library_calls(rt, name, x) -> list:
+    """(label, call) rows of the chosen library called directly; for MPI its nonblocking call
+    waited at once too, what a functional all-reduce's wait pays the library."""
     if name == "mpi":
         mpi = rt.backends["mpi"].MPI
         comm, arr = rt.world.comms["mpi"], x.numpy()
-        return lambda: comm.Allreduce(mpi.IN_PLACE, arr, mpi.SUM)
+        return [
+            ("mpi library", lambda: comm.Allreduce(mpi.IN_PLACE, arr, mpi.SUM)),
+            ("mpi library async+wait", lambda: comm.Iallreduce(mpi.IN_PLACE, arr, mpi.SUM).Wait()),
+        ]
     pg, opts = rt.world.comms[name], dist.AllreduceOptions()
-    return lambda: pg.allreduce([x], opts).wait()
+    return [(f"{name} library", lambda: pg.allreduce([x], opts).wait())]
 
 
 def measure(iters: int) -> list:
@@ -52,7 +57,7 @@ def measure(iters: int) -> list:
     # does; it also allocates its output, so that row is an upper bound for C++ callers.
     functional_all_reduce, wait_tensor = torch.ops._c10d_functional.all_reduce, torch.ops._c10d_functional.wait_tensor
     calls = [
-        (f"{chosen.name} library", _library_call(rt, chosen.name, x)),
+        *_library_calls(rt, chosen.name, x),
         ("mcr.all_reduce", lambda: api.all_reduce(x)),
         ("ProcessGroup.allreduce", lambda: pg.allreduce([x], opts).wait()),
         ("dist.all_reduce", lambda: dist.all_reduce(x)),
@@ -74,27 +79,40 @@ def format_rows(rows) -> str:
 
 
 # --- issue cost (issue 21): what issuing an async op costs the caller, against a blocking call ---
-ISSUE_SIZES = (16, 64 << 10, 1 << 20)
+ISSUE_SIZES = (16, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 1 << 20)
 ISSUE_TRAIN = 20  # ops issued back to back, as the EleutherAI cookbook's --async-op mode does
 
 
-def issue_cost(trains: int = 50, sizes=ISSUE_SIZES) -> str:
+def issue_cost(trains: int = 50, sizes=ISSUE_SIZES, nothing=None) -> str:
     """A table: per size, µs per op of `dist.all_reduce(async_op=True)` issued ISSUE_TRAIN back
     to back (the issuing timed only; then all are waited on) and of the blocking
     `dist.all_reduce`, median over `trains` trains of ISSUE_TRAIN, slowest rank. An issue should
-    cost no more than the blocking call: it waits for nothing."""
+    cost no more than the blocking call: it waits for nothing. With `nothing` (the group of a
+    backend that does nothing, `floor`), a last row times the same on it: torch's own ratio,
+    which makes a Work for an async op and none for a blocking one."""
     rt = api.runtime()
     clock = time.perf_counter
 
-    def train(x, async_op):
+    def train(x, async_op, group):
         dist.barrier()  # every rank starts the train together: a peer's lateness is not timed
         start = clock()
-        works = [dist.all_reduce(x, async_op=async_op) for _ in range(ISSUE_TRAIN)]
+        works = [dist.all_reduce(x, group=group, async_op=async_op) for _ in range(ISSUE_TRAIN)]
         issued = clock() - start
         for work in works:
             if work is not None:
                 work.wait()
         return issued / ISSUE_TRAIN
+
+    def row(x, name, group):
+        issue, blocking = [], []
+        for _ in range(3):  # warm up: connections, the worker thread, the choice cache
+            train(x, True, group)
+            train(x, False, group)
+        for _ in range(trains):  # interleaved: a burst of load hits both alike
+            issue.append(train(x, True, group))
+            blocking.append(train(x, False, group))
+        issue_s, blocking_s = slowest(rt, [statistics.median(issue), statistics.median(blocking)])
+        return f"{x.nbytes:>9}  {name:<8}{issue_s * 1e6:>12.2f}{blocking_s * 1e6:>10.2f}{issue_s / blocking_s:>16.2f}"
 
     lines = [
         f"\n# async issue cost, dist.all_reduce on backend mcr, {api.get_world_size()} ranks "
@@ -105,18 +123,10 @@ def issue_cost(trains: int = 50, sizes=ISSUE_SIZES) -> str:
     for nbytes in sizes:
         x = torch.ones(max(1, nbytes // 4))
         chosen, chunk = rt.choose("all_reduce", x.nbytes, rt.world, x.dtype, "cpu")
-        issue, blocking = [], []
-        for _ in range(3):  # warm up: connections, the worker thread, the choice cache
-            train(x, True)
-            train(x, False)
-        for _ in range(trains):  # interleaved: a burst of load hits both alike
-            issue.append(train(x, True))
-            blocking.append(train(x, False))
-        issue_s, blocking_s = slowest(rt, [statistics.median(issue), statistics.median(blocking)])
-        name = chosen.name + (f"/chunk={chunk}" if chunk else "")
-        lines.append(
-            f"{x.nbytes:>9}  {name:<8}{issue_s * 1e6:>12.2f}{blocking_s * 1e6:>10.2f}{issue_s / blocking_s:>16.2f}"
-        )
+        lines.append(row(x, chosen.name + (f"/chunk={chunk}" if chunk else ""), dist.group.WORLD))
+    if nothing is not None:
+        lines.append(row(torch.ones(max(1, sizes[0] // 4)), "nothing", nothing))
+        lines.append("(nothing: a backend whose all-reduce does nothing, torch's own cost; see the floor table)")
     return "\n".join(lines)
 
 
@@ -151,11 +161,12 @@ def _floor_group():
     return dist.new_group(backend=FLOOR_BACKEND)
 
 
-def floor(iters: int) -> str:
-    """A table: per path, µs per 4-byte all-reduce on backend "mcr" and on a backend that does
-    nothing, side by side (median per call, slowest rank)."""
+def floor(iters: int, nothing, repeat: int = 3) -> str:
+    """A table: per path, µs per 4-byte all-reduce on backend "mcr" and on `nothing`, the group
+    of a backend that does nothing (`_floor_group`), side by side (median per call, slowest
+    rank); each path also as a multiple of `dist.all_reduce` on the same backend."""
     rt = api.runtime()
-    nothing, x = _floor_group(), torch.ones(1)
+    x = torch.ones(1)
     functional_all_reduce, wait_tensor = torch.ops._c10d_functional.all_reduce, torch.ops._c10d_functional.wait_tensor
 
     def paths(group):
@@ -166,16 +177,23 @@ def floor(iters: int) -> str:
             ("functional+wait", lambda: wait_tensor(functional_all_reduce(x, "sum", name))),
         ]
 
+    measured = []  # per path, the best of `repeat` interleaved runs on each backend
+    for (label, on_mcr), (_, on_nothing) in zip(paths(dist.group.WORLD), paths(nothing)):
+        runs = [[time_call(rt, call, iters, warmup=50) for call in (on_mcr, on_nothing)] for _ in range(repeat)]
+        measured.append((label, min(r[0] for r in runs), min(r[1] for r in runs)))
+    dist_mcr, dist_nothing = measured[0][1], measured[0][2]
     lines = [
         f'\n# torch\'s own cost: the same calls on backend "mcr" and on a Python backend that does nothing, '
-        f"{api.get_world_size()} ranks (median µs per call, slowest rank)",
-        f"{'path':<28}{'mcr':>9}{'nothing':>9}{'mcr - nothing':>15}",
-        "-" * 61,
+        f"{api.get_world_size()} ranks (median µs per call, slowest rank, best of {repeat}; x dist: the path's "
+        "cost over dist.all_reduce's on the same backend)",
+        f"{'path':<28}{'mcr':>9}{'nothing':>9}{'mcr - nothing':>15}{'x dist mcr':>12}{'x dist nothing':>16}",
+        "-" * 89,
     ]
-    for (label, on_mcr), (_, on_nothing) in zip(paths(dist.group.WORLD), paths(nothing)):
-        mcr_s, nothing_s = (time_call(rt, call, iters, warmup=50) for call in (on_mcr, on_nothing))
-        lines.append(f"{label:<28}{mcr_s * 1e6:>9.2f}{nothing_s * 1e6:>9.2f}{(mcr_s - nothing_s) * 1e6:>15.2f}")
-    dist.destroy_process_group(nothing)
+    for label, mcr_s, nothing_s in measured:
+        lines.append(
+            f"{label:<28}{mcr_s * 1e6:>9.2f}{nothing_s * 1e6:>9.2f}{(mcr_s - nothing_s) * 1e6:>15.2f}"
+            f"{mcr_s / dist_mcr:>12.2f}{nothing_s / dist_nothing:>16.2f}"
+        )
     return "\n".join(lines)
 
 
@@ -201,14 +219,16 @@ def main(argv=None) -> int:
         best = rows if best is None else [(label, min(s, b)) for (label, s), (_, b) in zip(rows, best)]
     if dist.get_rank() == 0:
         print(format_rows(best), flush=True)
+    nothing = _floor_group() if args.floor else None
     if args.issue_cost:
-        table = issue_cost(args.issue_trains)
+        table = issue_cost(args.issue_trains, nothing=nothing)
         if dist.get_rank() == 0:
             print(table, flush=True)
     if args.floor:
-        table = floor(max(1000, args.iters // 10))
+        table = floor(max(1000, args.iters // 10), nothing, args.repeat)
         if dist.get_rank() == 0:
             print(table, flush=True)
+        dist.destroy_process_group(nothing)
     dist.destroy_process_group()
     return 0
 
