@@ -4,8 +4,10 @@
 
 For each op and message size: latency (µs) and bus bandwidth (GB/s) on every available
 backend (or the candidates --backends names: a backend, mpi/chunk=1M, node:mpi+gloo) and on the
-runtime's own choice ("auto", with the candidate it picked and its distance from the best one
-listed), then the runtime's per-call overhead against calling each
+runtime's own choice ("auto", with the candidate it picked, its distance from the best one, and
+the picked candidate's own column's distance from the best: the same calls timed apart, so
+between the two the choice's quality shows apart from the timing's noise), then the runtime's
+per-call overhead against calling each
 backend library directly on a 4-byte all-reduce.
 """
 
@@ -22,6 +24,7 @@ from ..commlog import human_bytes
 from ..measure import MEASURABLE_OPS, PACE_HELP, compare, paced, time_call
 from ..ops import bus_factor
 from ..tuning import candidates as cands
+from ..tuning.table import Choice
 
 DEFAULT_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 
@@ -54,6 +57,8 @@ def sweep(ops, backends, sizes, dtype, iters=None, rounds=3, pace=False):
                 route = rt.route(op, actual, rt.world, dtype, "cpu")
                 chunked = route.chunk_bytes and op == "all_reduce" and actual > route.chunk_bytes  # run in chunks
                 row["auto_backend"] = route.op.backend + (f"/{cands.short_bytes(route.chunk_bytes)}" if chunked else "")
+                # the candidate it runs, as --backends names it: that column times the same calls
+                row["auto_pick"] = cands.label(Choice(route.op.backend, route.chunk_bytes if chunked else 0))
             row["busbw_factor"] = bus_factor(op, n)
             rows.append(row)
     return rows
@@ -72,7 +77,7 @@ def format_table(rows, backends) -> str:
         width = max([12] + [len(b) + 7 for b in singles])
         header = f"{'size':>9}" + "".join(f"{b + ' us':>{width}}{b + ' busbw':>{width}}" for b in singles)
         if "auto" in backends:
-            header += f"{'auto':>14}{'auto us':>11}{'vs best':>9}"
+            header += f"{'auto':>14}{'auto us':>11}{'vs best':>9}{'pick vs best':>14}"
         out += [f"\n# {op} ({api.get_world_size()} ranks; busbw in GB/s, nccl-tests factor)", header, "-" * len(header)]
         for r in (r for r in rows if r["op"] == op):
             line = f"{human_bytes(r['bytes']):>9}"
@@ -82,6 +87,8 @@ def format_table(rows, backends) -> str:
             if "auto" in backends:
                 best = min(r[b] for b in singles) if singles else r["auto"]
                 line += f"{r['auto_backend']:>14}{r['auto'] * 1e6:>11.1f}{(r['auto'] / best - 1) * 100:>+8.1f}%"
+                pick = r.get("auto_pick")
+                line += f"{(r[pick] / best - 1) * 100:>+13.1f}%" if pick in singles else f"{'-':>14}"
             out.append(line)
     return "\n".join(out)
 

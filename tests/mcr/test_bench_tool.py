@@ -24,6 +24,10 @@ def test_bench_times_candidate_labels_beside_auto_and_names_the_choice(tmp_path)
     rows = json.loads(rows_path.read_text())["rows"]
     assert [r["bytes"] for r in rows] == [32768, 65536, 131072], rows
     assert [r["auto_backend"] for r in rows] == ["gloo", "mpi/32K", "mpi/32K"], rows
+    # the picked candidate is named as its column is, so the table sets the two side by side
+    assert [r["auto_pick"] for r in rows] == ["gloo", "mpi/chunk=32K", "mpi/chunk=32K"], rows
+    picks = [line.split()[-1] for line in out.splitlines() if line.strip().startswith(("32KiB", "64KiB", "128KiB"))]
+    assert len(picks) == 3 and all(p.endswith("%") for p in picks), out[-3000:]
     assert all(r[c] > 0 for r in rows for c in ("gloo", "mpi/chunk=32K", "auto")), rows
 
 
