@@ -88,8 +88,9 @@ def issue_cost(trains: int = 50, sizes=ISSUE_SIZES, nothing=None) -> str:
     to back (the issuing timed only; then all are waited on) and of the blocking
     `dist.all_reduce`, median over `trains` trains of ISSUE_TRAIN, slowest rank. An issue should
     cost no more than the blocking call: it waits for nothing. With `nothing` (the group of a
-    backend that does nothing, `floor`), a last row times the same on it: torch's own ratio,
-    which makes a Work for an async op and none for a blocking one."""
+    backend that does nothing, `floor`), the same trains run on it too, interleaved with each
+    size's: torch's own ratio (it makes a Work for an async op and none for a blocking one), and
+    the ratio of what mcr adds to each (mcr's time less the do-nothing backend's)."""
     rt = api.runtime()
     clock = time.perf_counter
 
@@ -103,30 +104,43 @@ def issue_cost(trains: int = 50, sizes=ISSUE_SIZES, nothing=None) -> str:
                 work.wait()
         return issued / ISSUE_TRAIN
 
-    def row(x, name, group):
-        issue, blocking = [], []
-        for _ in range(3):  # warm up: connections, the worker thread, the choice cache
-            train(x, True, group)
-            train(x, False, group)
-        for _ in range(trains):  # interleaved: a burst of load hits both alike
-            issue.append(train(x, True, group))
-            blocking.append(train(x, False, group))
-        issue_s, blocking_s = slowest(rt, [statistics.median(issue), statistics.median(blocking)])
-        return f"{x.nbytes:>9}  {name:<8}{issue_s * 1e6:>12.2f}{blocking_s * 1e6:>10.2f}{issue_s / blocking_s:>16.2f}"
+    def medians(x):  # issue and blocking on mcr, then (with `nothing`) on it
+        ways = [(dist.group.WORLD, True), (dist.group.WORLD, False)]
+        ways += [(nothing, True), (nothing, False)] if nothing is not None else []
+        samples = [[] for _ in ways]
+        for r in range(3 + trains):  # interleaved: a burst of load hits all alike; 3 warm-ups
+            for (group, async_op), kept in zip(ways, samples):
+                took = train(x, async_op, group)
+                if r >= 3:
+                    kept.append(took)
+        return slowest(rt, [statistics.median(kept) for kept in samples])
 
+    header = f"{'bytes':>9}  {'backend':<8}{'async issue':>12}{'blocking':>10}{'issue/blocking':>16}"
+    if nothing is not None:
+        header += f"{'nothing: issue/blocking':>25}{'mcr: own issue/own blocking':>29}"
     lines = [
         f"\n# async issue cost, dist.all_reduce on backend mcr, {api.get_world_size()} ranks "
-        f"(µs per op, {ISSUE_TRAIN} issued back to back, median of {trains} trains, slowest rank)",
-        f"{'bytes':>9}  {'backend':<8}{'async issue':>12}{'blocking':>10}{'issue/blocking':>16}",
-        "-" * 57,
+        f"(µs per op, {ISSUE_TRAIN} issued back to back, median of {trains} trains, slowest rank"
+        + (
+            "; nothing: the same on a backend that does nothing, torch's own cost, and mcr's own: its time less that"
+            if nothing is not None
+            else ""
+        )
+        + ")",
+        header,
+        "-" * len(header),
     ]
     for nbytes in sizes:
         x = torch.ones(max(1, nbytes // 4))
         chosen, chunk = rt.choose("all_reduce", x.nbytes, rt.world, x.dtype, "cpu")
-        lines.append(row(x, chosen.name + (f"/chunk={chunk}" if chunk else ""), dist.group.WORLD))
-    if nothing is not None:
-        lines.append(row(torch.ones(max(1, sizes[0] // 4)), "nothing", nothing))
-        lines.append("(nothing: a backend whose all-reduce does nothing, torch's own cost; see the floor table)")
+        name = chosen.name + (f"/chunk={chunk}" if chunk else "")
+        issue_s, blocking_s, *floor_s = medians(x)
+        line = f"{x.nbytes:>9}  {name:<8}{issue_s * 1e6:>12.2f}{blocking_s * 1e6:>10.2f}{issue_s / blocking_s:>16.2f}"
+        if floor_s:
+            floor_issue, floor_blocking = floor_s
+            own = (issue_s - floor_issue) / (blocking_s - floor_blocking)
+            line += f"{floor_issue / floor_blocking:>25.2f}{own:>29.2f}"
+        lines.append(line)
     return "\n".join(lines)
 
 
