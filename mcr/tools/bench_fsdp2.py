@@ -74,7 +74,8 @@ def main(argv=None) -> int:
     if rank == 0:
         layer_bytes = args.width * (args.width + 1) * 4
         # both ops move a whole layer (mcr sizes an all-gather by its output, a reduce-scatter by its input)
-        chosen = {op: rt.choose(op, layer_bytes, rt.world, torch.float32, "cpu")[0].name for op in OPS}
+        # the candidate label (node:mpi+gloo), not the backend object: a node-aware route's is its inter-node one
+        chosen = {op: rt.route(op, layer_bytes, rt.world, torch.float32, "cpu").op.backend for op in OPS}
         table = rt.table.path if rt.table is not None and not rt.table.online else "no table"
         print(
             f"\n# FSDP2 on backend mcr, {n} ranks: {args.layers}x Linear({args.width}) each sharded, "
