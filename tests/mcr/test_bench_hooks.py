@@ -54,3 +54,7 @@ def test_bench_hooks_prints_each_path_the_issue_cost_and_torchs_own_floor():
         on_mcr, on_nothing, less = map(float, row[-5:-2])
         assert on_mcr > 0 and on_nothing > 0 and abs(less - (on_mcr - on_nothing)) < 0.015, row
         assert _is_ratio(row[-2], on_mcr, dist_mcr) and _is_ratio(row[-1], on_nothing, dist_nothing), row
+        # the second column is another backend's: one that does nothing costs well under a real
+        # all-reduce with a peer (2.6-3.8x under it quiet, more under load), which the same calls
+        # timed twice would not show. An identity check, not a speed target.
+        assert on_mcr > 1.3 * on_nothing, row
