@@ -83,46 +83,73 @@ ISSUE_SIZES = (16, 1 << 10, 4 << 10, 16 << 10, 64 << 10, 1 << 20)
 ISSUE_TRAIN = 20  # ops issued back to back, as the EleutherAI cookbook's --async-op mode does
 
 
+def _library_trains(rt, name, x) -> list:
+    """(issue one, complete those issued) for the chosen library called directly, async then
+    blocking: what the library itself charges to issue against a blocking call."""
+    if name == "mpi":
+        mpi = rt.backends["mpi"].MPI
+        comm, arr = rt.world.comms["mpi"], x.numpy()
+        return [
+            (lambda: comm.Iallreduce(mpi.IN_PLACE, arr, mpi.SUM), mpi.Request.Waitall),
+            (lambda: comm.Allreduce(mpi.IN_PLACE, arr, mpi.SUM), None),
+        ]
+    pg = rt.world.comms[name]
+    return [(lambda: pg.allreduce([x]), _wait_all), (lambda: pg.allreduce([x]).wait(), None)]
+
+
+def _wait_all(works) -> None:
+    for work in works:
+        work.wait()
+
+
 def issue_cost(trains: int = 50, sizes=ISSUE_SIZES, nothing=None) -> str:
     """A table: per size, µs per op of `dist.all_reduce(async_op=True)` issued ISSUE_TRAIN back
     to back (the issuing timed only; then all are waited on) and of the blocking
     `dist.all_reduce`, median over `trains` trains of ISSUE_TRAIN, slowest rank. An issue should
-    cost no more than the blocking call: it waits for nothing. With `nothing` (the group of a
-    backend that does nothing, `floor`), the same trains run on it too, interleaved with each
-    size's: torch's own ratio (it makes a Work for an async op and none for a blocking one), and
-    the ratio of what mcr adds to each (mcr's time less the do-nothing backend's)."""
+    cost no more than the blocking call: it waits for nothing. The same trains run, interleaved
+    with each size's, on the chosen library called directly (its own issue/blocking) and, with
+    `nothing` (the group of a backend that does nothing, `floor`), on it: torch's own ratio (it
+    makes a Work for an async op and none for a blocking one). "torch + library" is the ratio of
+    a backend that adds nothing to either: torch's times plus the library's."""
     rt = api.runtime()
     clock = time.perf_counter
 
-    def train(x, async_op, group):
+    def train(issue_one, complete):
         dist.barrier()  # every rank starts the train together: a peer's lateness is not timed
         start = clock()
-        works = [dist.all_reduce(x, group=group, async_op=async_op) for _ in range(ISSUE_TRAIN)]
-        issued = clock() - start
-        for work in works:
-            if work is not None:
-                work.wait()
-        return issued / ISSUE_TRAIN
+        issued = [issue_one() for _ in range(ISSUE_TRAIN)]
+        took = clock() - start
+        if complete is not None:
+            complete(issued)
+        return took / ISSUE_TRAIN
 
-    def medians(x):  # issue and blocking on mcr, then (with `nothing`) on it
-        ways = [(dist.group.WORLD, True), (dist.group.WORLD, False)]
-        ways += [(nothing, True), (nothing, False)] if nothing is not None else []
+    def on(group, async_op, x):
+        if async_op:
+            return lambda: dist.all_reduce(x, group=group, async_op=True), _wait_all
+        return lambda: dist.all_reduce(x, group=group), None
+
+    def medians(x, library):  # issue and blocking on mcr, on the library, then (with `nothing`) on it
+        ways = [on(dist.group.WORLD, True, x), on(dist.group.WORLD, False, x), *library]
+        ways += [on(nothing, True, x), on(nothing, False, x)] if nothing is not None else []
         samples = [[] for _ in ways]
         for r in range(3 + trains):  # interleaved: a burst of load hits all alike; 3 warm-ups
-            for (group, async_op), kept in zip(ways, samples):
-                took = train(x, async_op, group)
+            for way, kept in zip(ways, samples):
+                took = train(*way)
                 if r >= 3:
                     kept.append(took)
         return slowest(rt, [statistics.median(kept) for kept in samples])
 
     header = f"{'bytes':>9}  {'backend':<8}{'async issue':>12}{'blocking':>10}{'issue/blocking':>16}"
+    header += f"{'library: issue':>16}{'blocking':>10}{'issue/blocking':>16}"
     if nothing is not None:
-        header += f"{'nothing: issue/blocking':>25}{'mcr: own issue/own blocking':>29}"
+        header += f"{'nothing: issue/blocking':>25}{'torch + library: issue/blocking':>33}"
     lines = [
         f"\n# async issue cost, dist.all_reduce on backend mcr, {api.get_world_size()} ranks "
-        f"(µs per op, {ISSUE_TRAIN} issued back to back, median of {trains} trains, slowest rank"
+        f"(µs per op, {ISSUE_TRAIN} issued back to back, median of {trains} trains, slowest rank; "
+        "library: the chosen library called directly"
         + (
-            "; nothing: the same on a backend that does nothing, torch's own cost, and mcr's own: its time less that"
+            "; nothing: the same on a backend that does nothing, torch's own cost; torch + library: "
+            "the ratio of a backend adding nothing to them, their times summed"
             if nothing is not None
             else ""
         )
@@ -134,12 +161,13 @@ def issue_cost(trains: int = 50, sizes=ISSUE_SIZES, nothing=None) -> str:
         x = torch.ones(max(1, nbytes // 4))
         chosen, chunk = rt.choose("all_reduce", x.nbytes, rt.world, x.dtype, "cpu")
         name = chosen.name + (f"/chunk={chunk}" if chunk else "")
-        issue_s, blocking_s, *floor_s = medians(x)
+        issue_s, blocking_s, library_issue, library_blocking, *floor_s = medians(x, _library_trains(rt, chosen.name, x))
         line = f"{x.nbytes:>9}  {name:<8}{issue_s * 1e6:>12.2f}{blocking_s * 1e6:>10.2f}{issue_s / blocking_s:>16.2f}"
+        line += f"{library_issue * 1e6:>16.2f}{library_blocking * 1e6:>10.2f}{library_issue / library_blocking:>16.2f}"
         if floor_s:
             floor_issue, floor_blocking = floor_s
-            own = (issue_s - floor_issue) / (blocking_s - floor_blocking)
-            line += f"{floor_issue / floor_blocking:>25.2f}{own:>29.2f}"
+            bound = (floor_issue + library_issue) / (floor_blocking + library_blocking)
+            line += f"{floor_issue / floor_blocking:>25.2f}{bound:>33.2f}"
         lines.append(line)
     return "\n".join(lines)
 
