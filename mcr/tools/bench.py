@@ -25,6 +25,7 @@ from ..measure import MEASURABLE_OPS, PACE_HELP, compare, paced, time_call
 from ..ops import bus_factor
 from ..tuning import candidates as cands
 from ..tuning.table import Choice
+from .machine import Watch
 
 DEFAULT_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv")
 
@@ -149,6 +150,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-overhead", action="store_true", help="skip the overhead measurement")
     parser.add_argument("--json", default=None, help="also write the rows here (rank 0)")
     args = parser.parse_args(argv)
+    watch = Watch()  # from here: how busy the machine was while this ran
 
     kwargs = {"tuning": args.tuning} if args.tuning else {}
     rt = api.init(**kwargs)
@@ -176,7 +178,7 @@ def main(argv=None) -> int:
     text = f"mcr.tools.bench: calls timed {'paced' if pace else 'back to back'}\n" + format_table(rows, backends)
     over_text, over = ("", {}) if args.no_overhead else overhead()
     if rt.rank == 0:
-        print(text + "\n" + over_text, flush=True)
+        print(text + "\n" + over_text + "\n" + watch.line(), flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump({"world_size": rt.world_size, "rows": rows, "overhead": over}, f, indent=1)

@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import api
 from ..hooks import torch_backend
+from .machine import Watch
 
 
 @contextlib.contextmanager
@@ -69,6 +70,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
+    watch = Watch()  # from here: how busy the machine was while this ran
     torch_backend.init_process_group()
     rt, rank = api.runtime(), dist.get_rank()
     torch.manual_seed(0)
@@ -103,6 +105,7 @@ def main(argv=None) -> int:
             exposed = t - best["compute only"]
             hidden = f"{(1 - exposed / comm) * 100:.0f}%" if name == "overlap" and comm > 0 else ""
             print(f"{name:<14}{t * 1e3:>9.1f}{exposed * 1e3:>17.1f}{hidden:>8}", flush=True)
+        print(watch.line(), flush=True)
     dist.destroy_process_group()
     return 0
 

@@ -19,6 +19,7 @@ from ..commlog import human_bytes
 from ..measure import iterations_for, time_call
 from ..tuning.candidates import parse_bytes
 from .bench import sizes_between
+from .machine import Watch
 
 
 def forms(total_bytes, n, backend):
@@ -42,6 +43,7 @@ def main(argv=None) -> int:
     parser.add_argument("--step", type=int, default=4, help="size factor between rows")
     parser.add_argument("--rounds", type=int, default=4, help="interleaved rounds; each form keeps its best")
     args = parser.parse_args(argv)
+    watch = Watch()  # from here: how busy the machine was while this ran
     rt = api.init(tuning=None)
     if args.backend not in rt.backends:
         parser.error(f"backend {args.backend!r} is unavailable here: {rt.unavailable.get(args.backend)}")
@@ -60,6 +62,8 @@ def main(argv=None) -> int:
         if rt.rank == 0:
             s, lst = best["single"], best["list"]
             print(f"{human_bytes(actual):>9}{s * 1e6:>12.1f}{lst * 1e6:>12.1f}{lst / s:>13.2f}", flush=True)
+    if rt.rank == 0:
+        print(watch.line(), flush=True)
     api.finalize()
     return 0
 

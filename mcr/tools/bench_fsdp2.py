@@ -23,6 +23,7 @@ from torch.distributed.fsdp import fully_shard
 from .. import api
 from ..hooks import torch_backend
 from .bench_ddp import slowest_median
+from .machine import Watch
 
 OPS = ("all_gather", "reduce_scatter")
 
@@ -50,6 +51,7 @@ def main(argv=None) -> int:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
+    watch = Watch()  # from here: how busy the machine was while this ran
     torch_backend.init_process_group()
     rt, rank, n = api.runtime(), dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
@@ -86,6 +88,7 @@ def main(argv=None) -> int:
         for way, t in best.items():
             vs = f"{(t / best['gloo'] - 1) * 100:+.0f}%" if "gloo" in best else ""
             print(f"{way:<8}{t * 1e3:>9.1f}{vs:>9}", flush=True)
+        print(watch.line(), flush=True)
     dist.destroy_process_group()
     return 0
 

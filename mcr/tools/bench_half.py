@@ -23,6 +23,7 @@ from ..commlog import human_bytes
 from ..measure import iterations_for, time_call
 from ..tuning.candidates import parse_bytes
 from .bench import sizes_between
+from .machine import Watch
 
 
 def calls(numel, dtype):
@@ -56,6 +57,7 @@ def main(argv=None) -> int:
     parser.add_argument("--step", type=int, default=4, help="size factor between rows")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; each way keeps its best")
     args = parser.parse_args(argv)
+    watch = Watch()  # from here: how busy the machine was while this ran
     rt = api.init(tuning=None)
     if "mpi" not in rt.backends or "gloo" not in rt.backends:
         parser.error(
@@ -79,6 +81,8 @@ def main(argv=None) -> int:
         line = f"{human_bytes(numel * 2):>9}" + "".join(f"{best[n] * 1e6:>12.1f}" for n in names)
         if rt.rank == 0:
             print(line + f"{best['mpi'] / best['gloo']:>10.2f}{best['op16'] / best['upcast']:>13.2f}", flush=True)
+    if rt.rank == 0:
+        print(watch.line(), flush=True)
     api.finalize()
     return 0
 

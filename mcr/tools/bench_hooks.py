@@ -30,6 +30,7 @@ from .. import api
 from ..hooks import torch_backend
 from ..hooks.work import DONE, DoneWork
 from ..measure import slowest, time_call
+from .machine import Watch
 
 
 def _library_calls(rt, name, x) -> list:
@@ -254,6 +255,7 @@ def main(argv=None) -> int:
         help="torch's own cost, on a backend doing nothing",
     )
     args = parser.parse_args(argv)
+    watch = Watch()  # from here: how busy the machine was while this ran
     torch_backend.init_process_group()
     best = None
     for _ in range(args.repeat):  # the machine is shared: keep each row's best run
@@ -271,6 +273,8 @@ def main(argv=None) -> int:
         if dist.get_rank() == 0:
             print(table, flush=True)
         dist.destroy_process_group(nothing)
+    if dist.get_rank() == 0:
+        print(watch.line(), flush=True)
     dist.destroy_process_group()
     return 0
 

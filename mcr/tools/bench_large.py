@@ -30,6 +30,7 @@ from .. import api
 from ..commlog import human_bytes
 from ..measure import time_call
 from ..tuning.candidates import parse_bytes
+from .machine import Watch
 
 CHUNKS = ("256K", "1M", "4M")
 
@@ -85,6 +86,7 @@ def main(argv=None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; each way keeps its best")
     parser.add_argument("--no-gloo", action="store_true")
     args = parser.parse_args(argv)
+    watch = Watch()  # from here: how busy the machine was while this ran
     rt = api.init(tuning=None)
     mca = " ".join(f"{k[9:]}={v}" for k, v in sorted(os.environ.items()) if k.startswith("OMPI_MCA_coll"))
     for size in args.sizes.split(","):
@@ -100,6 +102,8 @@ def main(argv=None) -> int:
             print(f"{'way':<16}{'ms':>9}{'x floor':>9}{'vs raw-mpi':>12}\n" + "-" * 46)
             for name, t in best.items():
                 print(f"{name:<16}{t * 1e3:>9.2f}{t / best['floor']:>9.2f}{best['raw-mpi'] / t:>11.2f}x", flush=True)
+    if rt.rank == 0:
+        print(watch.line(), flush=True)
     api.finalize()
     return 0
 

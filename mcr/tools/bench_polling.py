@@ -20,12 +20,14 @@ import time
 import torch
 
 from .. import api
+from .machine import Watch
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=40)
     args = parser.parse_args(argv)
+    watch = Watch()  # from here: how busy the machine was while this ran
     api.init()
     if api.available_backends().get("mpi", "") is not None or api.get_world_size() < 2:
         raise SystemExit(
@@ -46,7 +48,7 @@ def main(argv=None) -> int:
     if api.get_rank() == 0:
         setting = os.environ.get("OMPI_MCA_mpi_yield_when_idle")  # the runtime set its default before MPI_Init
         print(f"mpi_yield_when_idle={setting}: median step ms {statistics.median(steps) * 1e3:.2f}", flush=True)
-        print(f"load average {os.getloadavg()[0]:.1f}")
+        print(watch.line(), flush=True)
     api.finalize()
     return 0
 

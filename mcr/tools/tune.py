@@ -33,6 +33,7 @@ from ..tuning.report import summary, write_beside
 from ..tuning.rules import DEFAULT_MARGIN, entries_for, entry_dtype, winners
 from ..tuning.table import Curve, TuningTable
 from .bench import DEFAULT_OPS
+from .machine import Watch
 
 DEFAULT_OUT = "tuning/{host}-n{world}.yaml"
 
@@ -235,7 +236,7 @@ def main(argv=None) -> int:
         f"{len(base)} sizes {base[0]} B .. {base[-1]} B, chunks {args.chunks or 'none'}"
         + (", paced" if pace else ", back to back")
     )
-    started = time.perf_counter()
+    started, watch = time.perf_counter(), Watch()
     curves = []
     for g in group_sizes:
         group = rt.world if g == world else api.new_group(range(g))
@@ -272,7 +273,7 @@ def main(argv=None) -> int:
         for op in ops
     }
     table = build_table(fingerprint(rt), curves, args.margin, order_by_op, add_to)
-    log(f"measured in {time.perf_counter() - started:.0f} s\n")
+    log(f"measured in {time.perf_counter() - started:.0f} s\n{watch.line()}\n")
     log(summary(table))
     if rank == 0 or "{rank}" in args.out:
         table.save(out_path)

@@ -66,3 +66,4 @@ def test_bench_hooks_prints_each_path_the_issue_cost_and_torchs_own_floor():
         # all-reduce with a peer (2.6-3.8x under it quiet, more under load), which the same calls
         # timed twice would not show. An identity check, not a speed target.
         assert on_mcr > 1.3 * on_nothing, row
+    assert out.count("# machine: load average ") == 1, out[-3000:]  # rank 0's alone

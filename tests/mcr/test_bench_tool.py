@@ -29,6 +29,8 @@ def test_bench_times_candidate_labels_beside_auto_and_names_the_choice(tmp_path)
     picks = [line.split()[-1] for line in out.splitlines() if line.strip().startswith(("32KiB", "64KiB", "128KiB"))]
     assert len(picks) == 3 and all(p.endswith("%") for p in picks), out[-3000:]
     assert all(r[c] > 0 for r in rows for c in ("gloo", "mpi/chunk=32K", "auto")), rows
+    # how busy the machine was, beside the figures (its parsing: tests/mcr/test_machine.py)
+    assert out.count("# machine: load average ") == 1, out[-3000:]
 
 
 def test_bench_refuses_a_bad_label_naming_it():
