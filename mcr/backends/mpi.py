@@ -24,6 +24,7 @@ from ..env import mpi_plugin_hint
 from ..handle import Handle, from_mpi_request
 from .base import Backend, BackendUnavailable
 from .mpi_worker import CollectiveWorker
+from .pmix_fence import fence_all_ranks
 
 # Open MPI busy-polls inside blocking calls; on a machine with as many ranks as cores that
 # starves gloo's and the trainer's threads. Read at MPI_Init, so set (as a default the user's
@@ -46,7 +47,9 @@ def apply_mpi_defaults() -> None:
         os.environ.setdefault(key, value)
 
 
-def _load_mpi(launch_info):
+def start_mpi(launch_info):
+    """mpi4py's MPI, started here and in every other rank: it returns only when each rank has
+    finished MPI_Init, so nothing this rank sends can reach one still inside it (pmix_fence)."""
     if not launch_info.mpi_world:
         raise BackendUnavailable(
             f"launched by {launch_info.launcher}, which gives no MPI world; "
@@ -68,6 +71,7 @@ def _load_mpi(launch_info):
             f"the MPI world has {size} ranks but the launcher says {launch_info.world_size}; "
             "this process was not started by the MPI launcher of this job" + mpi_plugin_hint()
         )
+    fence_all_ranks(MPI, launch_info.rank)
     return MPI
 
 
@@ -174,7 +178,7 @@ class MPIBackend(Backend):
         return frozenset({"cpu", "cuda"} if gpu else {"cpu"})
 
     def __init__(self, launch_info):
-        MPI = self.MPI = _load_mpi(launch_info)
+        MPI = self.MPI = start_mpi(launch_info)
         self.world = MPI.COMM_WORLD.Dup()  # our own context: user MPI traffic never matches ours
         self.thread_multiple = MPI.Query_thread() == MPI.THREAD_MULTIPLE  # the progress and worker threads need it
         self._worker = None  # started by the first large async collective
