@@ -59,10 +59,11 @@ tune: setup
 	$(PY) -m launch.local -n 2 -m mcr.tools.tune --out runs/tuning/table.yaml
 
 # The real single-node SLURM that tests/launch starts (Debian packages; run as root, as CI does),
-# shellcheck for the job scripts, and the libpmix.so link srun's pmix plugin dlopens.
-SLURM_PACKAGES := slurmctld slurmd slurm-client munge libpmix2 shellcheck
+# shellcheck for the job scripts, gcc for tests/cluster's PMIx shim, and the libpmix.so link
+# srun's pmix plugin dlopens.
+SLURM_PACKAGES := slurmctld slurmd slurm-client munge libpmix2 shellcheck gcc libc6-dev
 slurm-deps:
-	command -v slurmctld >/dev/null && command -v shellcheck >/dev/null || \
+	command -v slurmctld >/dev/null && command -v shellcheck >/dev/null && command -v gcc >/dev/null || \
 		{ apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(SLURM_PACKAGES); }
 	for lib in /usr/lib/*/pmix2/lib/libpmix.so.2; do test -e $${lib%.2} || ln -s libpmix.so.2 $${lib%.2}; done
 
