@@ -388,7 +388,8 @@ def _p2p(name, method, tensor, peer, group, tag, async_op, backend):
     if peer is None and method == "send":
         raise ValueError(f"mcr.{name}: pass the destination rank")
     args = (tensor, None if peer is None else g.group_rank(peer), tag)
-    return rt.call("send_recv", method, tensor.nbytes, g, tensor, backend, async_op, args)
+    tagged = "tagged" if tag else None  # both sides know the tag: a library without tags is not chosen
+    return rt.call("send_recv", method, tensor.nbytes, g, tensor, backend, async_op, args, tagged)
 
 
 def send(tensor, dst, group=None, tag=0, backend=None):

@@ -40,7 +40,7 @@ def prepare(rt, op, group, fn, comm, call=None, route=None, method=None, logged=
     earlier = rt._pending if not p2p else ()  # a send or receive waits for nothing issued before it
     in_flight = rt.in_flight
     recorder = rt.recorder if route is not None else None
-    drives = bool(rt._needs_driving) and op.backend not in rt._needs_driving  # rule 3: keep MPI moving
+    drives = bool(rt.needs_driving) and op.backend not in rt.needs_driving  # rule 3: keep MPI moving
     if drives and rt._driver is None:
         # MPI takes no second thread: run it as an async op, driving MPI from here while it waits
         issue = prepare_issue(rt, op, group, fn, comm, route=route, method=method, logged=logged, async_op=False)
@@ -54,7 +54,7 @@ def prepare(rt, op, group, fn, comm, call=None, route=None, method=None, logged=
     if drives:
         driver, inner = rt._driver, call
         call = lambda *args: driver.during(lambda: inner(*args))  # noqa: E731
-    waits = rt._waits if rt._waits is not None else {}  # no watchdog: registered where none looks
+    waits = rt.waits
     if recorder is not None:
         info, records, append = group.info, recorder.records, recorder.entries.append
         if recorder.kept is not None:  # a trace keeps every entry too
@@ -93,7 +93,7 @@ def prepare(rt, op, group, fn, comm, call=None, route=None, method=None, logged=
         try:
             call(*args)
         except Exception as exc:
-            raise rt._error(op, group, exc) from exc
+            raise rt.op_error(op, group, exc) from exc
         finally:
             del waits[thread]
         if comm_log is not None:

@@ -16,14 +16,23 @@ So an mcr future keeps NCCL's order on the CPU:
 - callbacks chained from C++ (DDP's reducer, `torch.futures.collect_all`) run on the runtime's
   callback thread as soon as the op completes, so DDP still overlaps its all-reduce with
   backward; those never issue collectives.
+
+On CUDA tensors a future is CUDA-aware, as ProcessGroupNCCL's is: the thread that sets it has
+waited for the op on its current stream, setting it records an event there, and whoever takes the
+value (DDP's reducer, a callback, `wait()`) is ordered after that event. The callback thread does
+this on a side stream of its own, so the stream the trainer computes on never waits for an op it
+did not wait for.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 
 import torch
+
+from . import streams, threads
 
 
 class CallbackFuture(torch.futures.Future):
@@ -31,7 +40,7 @@ class CallbackFuture(torch.futures.Future):
     the callback thread, or a caller that chains a callback or waits (see the module's doc)."""
 
     def __init__(self, handles, result):
-        super().__init__()
+        super().__init__(devices=sorted({h.device for h in handles if h.device is not None}, key=str) or None)
         self._handles = handles
         self._result = result  # the value, or a function that makes it once the op is done
         self._claim = threading.Lock()
@@ -86,8 +95,7 @@ class CallbackThread:
         fut = CallbackFuture(handles, result)
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="mcr-callbacks", daemon=True)
-                self._thread.start()
+                self._thread = threads.start(self._run, "mcr-callbacks")
         self._queue.put(fut)
         return fut
 
@@ -100,8 +108,10 @@ class CallbackThread:
             thread.join(timeout=30)
 
     def _run(self):
-        while True:
-            fut = self._queue.get()
-            if fut is None:
-                return
-            fut.settle()
+        side = torch.cuda.Stream() if streams.bound_device() is not None else None
+        with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+            while True:
+                fut = self._queue.get()
+                if fut is None:
+                    return
+                fut.settle()

@@ -13,8 +13,9 @@ from typing import Dict, Optional
 from omegaconf import OmegaConf
 
 from . import backends as registry
+from .backends.mpi_cuda import check_setting as check_mpi_cuda_aware
 from .ops import OP_FAMILIES
-from .tuning.candidates import NODE_PREFIX, parse_label
+from .tuning.candidates import HOST_SUFFIX, NODE_PREFIX, parse_label
 
 
 @dataclass
@@ -37,6 +38,9 @@ class RuntimeConfig:
     flight_recorder_dir: Optional[str] = None  # no directory: nothing is written
     flight_recorder_dump_on_finalize: bool = False  # also dump at finalize() (a run that ended well)
     trace_dir: Optional[str] = None  # finalize() writes a timeline of every op here (`mcr.trace`)
+    # hand CUDA tensors to MPI as device pointers: auto (decided per MPI library, then checked by an
+    # all-reduce on the GPU at start), true (the user says so; still checked), false (staged through host memory)
+    mpi_cuda_aware: str = "auto"
 
     def backend_names(self) -> list:
         """The backends to start, in the registry's order."""
@@ -50,7 +54,8 @@ class ConfigError(ValueError):
 
 
 def _check_backend(name: str, where: str, node_aware: bool = True) -> str:
-    """A backend name, or (where an op's choice is named) a node-aware candidate node:INTRA+INTER."""
+    """A backend name, or (where an op's choice is named) a node-aware candidate node:INTRA+INTER
+    or a staged one, BACKEND/host."""
     if node_aware and name.startswith(NODE_PREFIX):
         try:
             choice = parse_label(name)
@@ -59,8 +64,11 @@ def _check_backend(name: str, where: str, node_aware: bool = True) -> str:
         for part in (choice.backend, choice.inter):
             _check_backend(part, f"{name!r} in {where}", node_aware=False)
         return name
+    if node_aware and name.endswith(HOST_SUFFIX):  # CUDA tensors staged through host memory
+        _check_backend(name.removesuffix(HOST_SUFFIX), f"{name!r} in {where}", node_aware=False)
+        return name
     if name not in registry.REGISTRY:
-        also = ", or node:INTRA+INTER (e.g. node:mpi+gloo)" if node_aware else ""
+        also = ", BACKEND/host, or node:INTRA+INTER (e.g. node:mpi+gloo)" if node_aware else ""
         raise ConfigError(f"unknown backend {name!r} in {where}; choose one of {', '.join(registry.names())}{also}")
     return name
 
@@ -109,6 +117,7 @@ ENV_VARS = {
     "MCR_FR_DIR": ("flight_recorder_dir", _text),
     "MCR_FR_DUMP_ON_FINALIZE": ("flight_recorder_dump_on_finalize", _flag),
     "MCR_TRACE_DIR": ("trace_dir", _text),
+    "MCR_MPI_CUDA_AWARE": ("mpi_cuda_aware", _text),
 }
 
 
@@ -154,6 +163,10 @@ def load(config=None, env=None, **kwargs) -> RuntimeConfig:
             _check_backend(name, f"the override for {op}")
     if cfg.flight_recorder < 0:
         raise ConfigError(f"bad value {cfg.flight_recorder} for flight_recorder (MCR_FR_SIZE): give 0 (off) or more")
+    try:
+        cfg.mpi_cuda_aware = check_mpi_cuda_aware(cfg.mpi_cuda_aware)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if cfg.debug not in ("off", "detail"):
         raise ConfigError(f"bad value {cfg.debug!r} for debug (MCR_DEBUG); choose off or detail")
     for name in cfg.backend_names():

@@ -207,9 +207,14 @@ def from_torch(rank: int, world_size: int, store) -> LaunchInfo:
 
 
 def hosts_by_rank(store, rank: int, world_size: int) -> list[str]:
-    """Every rank's hostname, exchanged once over a torch store (each rank sets its own key)."""
-    store.set(f"host/{rank}", socket.gethostname())
-    return [value.decode() for value in store.multi_get([f"host/{r}" for r in range(world_size)])]
+    """Every rank's hostname, exchanged once over a torch store."""
+    return by_rank(store, "host", rank, world_size, socket.gethostname())
+
+
+def by_rank(store, key: str, rank: int, world_size: int, value: str) -> list[str]:
+    """Every rank's `value` under `key`, exchanged once over a torch store (each rank sets its own key)."""
+    store.set(f"{key}/{rank}", value)
+    return [found.decode() for found in store.multi_get([f"{key}/{r}" for r in range(world_size)])]
 
 
 def mpi_plugin_hint(env=None) -> str:

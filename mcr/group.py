@@ -17,7 +17,19 @@ class GroupInfo:
 
 
 class Group:
-    __slots__ = ("gid", "ranks", "rank", "size", "comms", "shape", "_to_group_rank", "info", "ready", "node_groups")
+    __slots__ = (
+        "gid",
+        "ranks",
+        "rank",
+        "size",
+        "comms",
+        "unavailable",
+        "shape",
+        "_to_group_rank",
+        "info",
+        "ready",
+        "node_groups",
+    )
 
     def __init__(self, gid: Hashable, ranks, my_global_rank: int, shape=None):
         # the group's key in the choice cache and the tuner: an int for groups the runtime numbers
@@ -28,6 +40,7 @@ class Group:
         self._to_group_rank = {r: i for i, r in enumerate(self.ranks)}
         self.rank = self._to_group_rank.get(my_global_rank, -1)  # -1: this rank is not a member
         self.comms = {}  # backend name -> that backend's group object
+        self.unavailable = {}  # backend name -> why it has none here (NCCL: two members share a GPU)
         # nodes spanned and ranks per node (`mcr.topology.Shape`): the tuning table's key beside
         # the size, and what node-aware candidates need; None where no topology was given
         self.shape = shape

@@ -35,11 +35,16 @@ class Handle:
         "group",
         "record",
         "_log",
+        "_check",
     )
+    device = None  # a CPU op's; `mcr.streams.StreamHandle` says which GPU
 
-    def __init__(self, wait, test, keep=None, finish=None):
+    def __init__(self, wait, test, keep=None, finish=None, check=None):
         self._wait = wait  # blocks until the backend op is done
         self._test = test  # returns True when the backend op is done, without blocking
+        # after a test says done, raises the op's error before any finisher runs on its data
+        # (a failed torch Work reads as completed: `from_torch_work`)
+        self._check = check
         self._keep = keep  # buffers that must outlive the op
         self._finishers = [finish] if finish is not None else []
         self.done = False
@@ -113,6 +118,8 @@ class Handle:
         if not self.done and self._lock.acquire(blocking=False):
             try:
                 if not self.done and self._test():
+                    if self._check is not None:
+                        self._check()
                     self._complete()
             finally:
                 self._lock.release()
@@ -123,7 +130,7 @@ class Handle:
             finish()
         self._finishers = ()
         self._keep = None
-        self._wait = self._test = None  # the request or Work, and the buffers a Work holds
+        self._wait = self._test = self._check = None  # the request or Work, and the buffers a Work holds
         if self._log is not None:
             comm_log, started = self._log
             comm_log.record(self.op, perf_counter() - started)
@@ -143,7 +150,10 @@ class SharedHandle(Handle):
 
 
 def from_torch_work(work, keep=None, finish=None) -> Handle:
-    return Handle(work.wait, work.is_completed, keep, finish)
+    """A torch Work reads as completed when it failed too (NCCL: `WorkNCCL::isCompleted`); its
+    wait() then raises the error (and orders the current stream, a no-op on the CPU), so a test
+    that says done waits once before the finishers run."""
+    return Handle(work.wait, work.is_completed, keep, finish, work.wait)
 
 
 def from_mpi_request(request, keep=None, finish=None) -> Handle:

@@ -21,6 +21,7 @@ Who completes a handle (each under the handle's own lock, finishers exactly once
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from threading import Lock
 
@@ -94,11 +95,13 @@ class InFlight:
             self.forget_completed()
 
     def complete_all(self) -> None:
-        """finalize(): wait for every op still in flight, collectives and send/recv alike (a
-        finisher may issue more: loop until none is left)."""
+        """finalize(): wait for every op still in flight, collectives and send/recv alike, until
+        the GPU has run those on CUDA tensors (a finisher may issue more: loop until none is left)."""
         while self.entries:
             for handle in self.handles():
                 handle.wait()
+                while not handle.is_completed():  # queued on a GPU, which has not run it yet
+                    time.sleep(1e-4)
             self.forget_completed()
 
     def test_driven(self) -> None:
@@ -111,6 +114,12 @@ class InFlight:
                 self._driven = [handle for handle in self._driven if id(handle) not in done]
 
     def _keep_pending(self) -> None:  # under the lock
-        kept = [entry for entry in self.entries if not entry[1].done]
-        self.entries.clear()
-        self.entries.extend(kept)
+        """Drop the completed entries in place. The hot path and the progress thread read the
+        deque without the lock, so it never passes through empty while an op is pending: each
+        pending entry goes to the back before it leaves the front."""
+        entries = self.entries
+        for _ in range(len(entries)):
+            entry = entries[0]
+            if not entry[1].done:
+                entries.append(entry)
+            entries.popleft()

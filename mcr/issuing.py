@@ -35,8 +35,8 @@ def prepare(rt, op, group, fn, comm, call=None, route=None, method=None, logged=
         call = lambda *args: fn(comm, *args, True)  # noqa: E731
     p2p = op.family == "send_recv"
     held_comm = None if p2p else comm  # a later blocking op waits for earlier collectives only
-    driven = op.backend in rt._needs_driving
-    add, watch, progress = rt.in_flight.add, rt._watch, rt.progress
+    driven = op.backend in rt.needs_driving
+    add, watch, progress = rt.in_flight.add, rt.watch, rt.progress
     recorder = rt.recorder if route is not None else None
 
     def issue(group, args):
@@ -48,7 +48,7 @@ def prepare(rt, op, group, fn, comm, call=None, route=None, method=None, logged=
         try:
             handle = call(*args)
         except Exception as exc:
-            raise rt._error(op, group, exc) from exc
+            raise rt.op_error(op, group, exc) from exc
         handle.issued(op, watch, group, comm_log, started, entry)
         add(held_comm, handle, driven)
         if progress is not None and progress.idle:

@@ -6,6 +6,9 @@ through: this module is part of the runtime (its online tuner calls it) and impo
 the front door (`mcr.api`), which would import the runtime back; a tool passes `mcr.runtime()`.
 Message sizes follow nccl-tests: all-gather counts the gathered output, reduce-scatter and
 all-to-all the input, send/recv the message (latency is half a ping-pong, as OSU reports).
+`device` (default cpu) is where the op's tensors are made; a CUDA call is timed until the GPU
+has finished it (`_until_done`). The barrier before the timed calls and the agreement on the
+slowest rank are small CPU ops whatever the device.
 """
 
 from __future__ import annotations
@@ -16,6 +19,42 @@ import time
 import torch
 
 MEASURABLE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send_recv")
+REDUCING_OPS = ("all_reduce", "reduce", "reduce_scatter")  # measured with reduce op sum
+DEVICE_HELP = "where the tensors are: cpu, or cuda (each rank's GPU, the one the runtime bound at init)"
+
+
+def device_problem(name: str) -> str | None:
+    """Why tensors cannot be made on device `name` here, naming the fix; None where they can.
+    A tool checks it before starting the runtime, so every rank stops alike."""
+    if name != "cuda" or torch.cuda.is_available():
+        return None
+    if torch.version.cuda is None:
+        why = f"this torch ({torch.__version__}) was built without CUDA"
+    else:
+        why = f"torch {torch.__version__} (CUDA {torch.version.cuda}) sees no GPU (torch.cuda.is_available() is False)"
+    return (
+        f"--device cuda: {why}; run it on a machine with a GPU and a CUDA build of torch, or leave "
+        "--device out to measure CPU tensors"
+    )
+
+
+def bound_device(name: str) -> torch.device:
+    """This rank's device for `name`: on cuda the GPU the runtime bound at init (local rank modulo
+    the GPUs); a tool never picks one itself."""
+    return torch.device("cuda", torch.cuda.current_device()) if name == "cuda" else torch.device("cpu")
+
+
+def runs_as_named(rt, candidate: str, op: str, dtype, group=None, device_type: str = "cpu") -> bool:
+    """Whether the runtime runs `op` on `candidate` (as backend= names it: a backend, BACKEND/host
+    or node:INTRA+INTER) as named: no fallback to another backend and no flat run
+    (`mcr.choose`). A measurement under a candidate's label must time that candidate."""
+    g = rt.world if group is None else group
+    reduce_op = "sum" if op in REDUCING_OPS else None
+    try:
+        picked = rt.select(op, 0, g, dtype, device_type, candidate, reduce_op)  # as the runtime chooses
+    except ValueError:  # a backend it names is not running here
+        return False
+    return not picked.notes
 
 
 def iterations_for(nbytes: int, max_iters: int = 1000, min_iters: int = 5) -> int:
@@ -30,15 +69,15 @@ def _elements(op, nbytes, element_size, n):
     return count
 
 
-def make_call(rt, op, nbytes, backend=None, dtype=torch.float32, group=None, chunk_bytes=0):
+def make_call(rt, op, nbytes, backend=None, dtype=torch.float32, group=None, chunk_bytes=0, device="cpu"):
     """Returns (call, actual_nbytes). `call()` runs the op once, blocking, on this rank, through
-    the runtime `rt` on `backend` (None: the runtime's choice).
+    the runtime `rt` on `backend` (None: the runtime's choice), on tensors made on `device`.
     `chunk_bytes` > 0 runs an all-reduce as a train of chunks, as the runtime does for a
     tuning-table entry with that chunk size."""
     g = rt.world if group is None else group
     n = g.size
     count = _elements(op, nbytes, torch.tensor([], dtype=dtype).element_size(), n)
-    x = torch.ones(count, dtype=dtype)
+    x = torch.ones(count, dtype=dtype, device=device)
 
     def run(family, method, size, tensor, *args, reduce_op=None):
         return rt.call(family, method, size, g, tensor, backend, False, args, reduce_op)
@@ -59,10 +98,10 @@ def make_call(rt, op, nbytes, backend=None, dtype=torch.float32, group=None, chu
     if op == "broadcast":
         return (lambda: run("broadcast", "broadcast", x.nbytes, x, x, 0)), x.nbytes
     if op == "all_gather":
-        part = torch.ones(count // n, dtype=dtype)
+        part = torch.ones(count // n, dtype=dtype, device=device)
         return (lambda: run("all_gather", "all_gather_into_tensor", x.nbytes, part, x, part)), x.nbytes
     if op == "reduce_scatter":
-        part = torch.empty(count // n, dtype=dtype)
+        part = torch.empty(count // n, dtype=dtype, device=device)
         call = "reduce_scatter", "reduce_scatter_tensor", x.nbytes, x, part, x, "sum"
         return (lambda: run(*call, reduce_op="sum")), x.nbytes
     if op == "all_to_all":
@@ -107,11 +146,34 @@ def paced(asked, nodes) -> bool:
     return asked if asked is not None else (nodes or 1) > 1
 
 
-def time_call(rt, call, iters: int, warmup: int = 5, group=None, backend=None, pace=False) -> float:
+def _until_done(call, device):
+    """`call()`, then `torch.cuda.synchronize(device)`: the host clock around it times the op to
+    its end. Why a synchronize after each call, not CUDA events: a blocking call on CUDA tensors
+    returns once its op is queued (NCCL) or once it is done (MPI, staged or CUDA-aware; gloo),
+    and the synchronize waits for every stream of the device (NCCL's own, a staging copy's),
+    whichever one the route used, where an event on the caller's stream sees only the work
+    ordered before it. The samples stay per-call host seconds, which the median, pacing and
+    the slowest rank read as on CPU (an event's time, too, is read only once it has completed).
+    The synchronize's own few µs fall on every candidate alike."""
+    synchronize = torch.cuda.synchronize
+
+    def run():
+        call()
+        synchronize(device)
+
+    return run
+
+
+def time_call(rt, call, iters: int, warmup: int = 5, group=None, backend=None, pace=False, device="cpu") -> float:
     """Median seconds per call on this rank, then the slowest rank's median. `pace`: PACE_HELP;
     the idle is not part of the sample. The fastest call, not the last: a rank's last call holds
     its wait for a peer still idling, so idling that long kept the ranks out of step, every other
-    call holding the skew (tests/mcr/test_measure.py)."""
+    call holding the skew (tests/mcr/test_measure.py). `device`: where `call` puts its tensors."""
+    if torch.device(device).type == "cuda":
+        call = _until_done(call, device)
+        # the barrier and the agreement are CPU ops, which `backend` (NCCL) may not run: the
+        # runtime's choice for CPU tensors meets the ranks instead
+        backend = None
     for _ in range(warmup):
         call()
     nothing = torch.empty(0, dtype=torch.uint8)
@@ -129,19 +191,33 @@ def time_call(rt, call, iters: int, warmup: int = 5, group=None, backend=None, p
     return slowest(rt, statistics.median(samples), group, backend)
 
 
-def time_op(rt, op, nbytes, backend=None, dtype=torch.float32, group=None, iters=None, warmup=5, chunk_bytes=0):
+def time_op(
+    rt, op, nbytes, backend=None, dtype=torch.float32, group=None, iters=None, warmup=5, chunk_bytes=0, device="cpu"
+):
     """(seconds per op, actual bytes). send_recv reports half the round trip."""
-    call, actual = make_call(rt, op, nbytes, backend, dtype, group, chunk_bytes)
-    seconds = time_call(rt, call, iters or iterations_for(actual), warmup, group, backend)
+    call, actual = make_call(rt, op, nbytes, backend, dtype, group, chunk_bytes, device)
+    seconds = time_call(rt, call, iters or iterations_for(actual), warmup, group, backend, device=device)
     return (seconds / 2 if op == "send_recv" else seconds), actual
 
 
-def compare(rt, op, nbytes, candidates, dtype=torch.float32, group=None, iters=None, warmup=5, rounds=3, pace=False):
+def compare(
+    rt,
+    op,
+    nbytes,
+    candidates,
+    dtype=torch.float32,
+    group=None,
+    iters=None,
+    warmup=5,
+    rounds=3,
+    pace=False,
+    device="cpu",
+):
     """Seconds per op for each candidate, a (backend or None for the runtime's own choice,
-    chunk_bytes) pair, and the actual bytes, measured through the runtime `rt`. The candidates
-    are timed in `rounds` interleaved
-    rounds, every other one in reverse (A B C, C B A, A B C ...), the iterations split between
-    them, and each keeps its fastest round. Load from elsewhere comes in bursts and only ever
+    chunk_bytes) pair, and the actual bytes, measured through the runtime `rt` on tensors made
+    on `device`. The candidates are timed in `rounds` interleaved rounds, every other one in
+    reverse (A B C, C B A, A B C ...), the iterations split between them, and each keeps its
+    fastest round. Load from elsewhere comes in bursts and only ever
     adds time, and a backend can slow the one timed right after it (gloo's threads leave MPI
     on a busy core for a while), so each candidate's best round, taken in more than one
     position, compares the candidates and not the moments or the order they ran in."""
@@ -152,7 +228,8 @@ def compare(rt, op, nbytes, candidates, dtype=torch.float32, group=None, iters=N
         order = range(len(candidates)) if r % 2 == 0 else reversed(range(len(candidates)))
         for i in order:
             backend, chunk_bytes = candidates[i]
-            call, actual = make_call(rt, op, nbytes, backend, dtype, group, chunk_bytes)
-            seconds = time_call(rt, call, per_round, warmup if r == 0 else min(warmup, 2), group, backend, pace)
+            call, actual = make_call(rt, op, nbytes, backend, dtype, group, chunk_bytes, device)
+            warm = warmup if r == 0 else min(warmup, 2)
+            seconds = time_call(rt, call, per_round, warm, group, backend, pace, device)
             best[i] = min(best[i], seconds / 2 if op == "send_recv" else seconds)
     return best, actual

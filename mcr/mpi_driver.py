@@ -27,6 +27,8 @@ from __future__ import annotations
 import threading
 import time
 
+from . import threads
+
 # A stuck peer needs MPI to move eventually, not at once: long pauses keep the thread off the
 # cores gloo's own threads need (at 100 µs-1 ms, a 1 MiB gloo all-reduce across 2 nodes took
 # 2.1-2.4 ms against 1.4-1.6 ms without the thread: configs/tuning/vm-2nodes-bench.txt).
@@ -47,8 +49,7 @@ class MPIDriver:
         """Run `wait()` (a blocking call on another backend) while MPI keeps moving; returns its result."""
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="mcr-mpi-driver", daemon=True)
-                self._thread.start()
+                self._thread = threads.start(self._loop, "mcr-mpi-driver")
             self._waiting += 1
             self._wake.set()
         try:

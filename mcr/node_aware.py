@@ -149,9 +149,9 @@ def all_to_all_counts(groups, phase, out_flat, in_flat, recv_counts, send_counts
     differ, so each rank first learns its node's send counts."""
     nodes, per, at = groups.nodes, groups.per_node, groups.rank_at
     me_j = groups.local.rank
-    if uneven:  # sent[j][g]: what local rank j sends group rank g
-        mine = torch.tensor(send_counts, dtype=torch.int64)
-        sent = torch.empty(per * len(send_counts), dtype=torch.int64)
+    if uneven:  # sent[j][g]: what local rank j sends group rank g (on the data's device: NCCL takes no CPU tensor)
+        mine = torch.tensor(send_counts, dtype=torch.int64, device=in_flat.device)
+        sent = torch.empty(per * len(send_counts), dtype=torch.int64, device=in_flat.device)
         phase("intra", "all_gather_into_tensor", sent, mine)
         sent = sent.view(per, -1).tolist()
     else:

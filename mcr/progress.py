@@ -28,6 +28,8 @@ import sys
 import threading
 import time
 
+from . import threads
+
 MIN_PAUSE_S = 50e-6
 MAX_PAUSE_S = 1e-3
 
@@ -50,8 +52,7 @@ class ProgressThread:
         self.idle = True  # read by the issuing thread: only an idle thread needs waking
         self._stopped = False
         self._seen = set()  # ids of the ops pending at the last pass
-        self._thread = threading.Thread(target=self._loop, name="mcr-progress", daemon=True)
-        self._thread.start()
+        self._thread = threads.start(self._loop, "mcr-progress")
 
     def poke(self) -> None:
         """An op was issued: start polling if asleep."""
@@ -83,7 +84,10 @@ class ProgressThread:
             # Sleep first: a caller that waits on its op soon completes it itself, and a thread
             # that stays awake through a train of ops is not woken (a context switch) per op.
             time.sleep(pause)
-            latest = entries[-1][1] if entries else None
+            try:  # read without the lock: the last entry may leave between a test and the read
+                latest = entries[-1][1]
+            except IndexError:
+                latest = None
             if latest is not newest and pause < MAX_PAUSE_S:
                 # the caller is issuing ops (its own calls move MPI and complete what it waits
                 # on): keep out of its way, looking less often, up to once per MAX_PAUSE_S

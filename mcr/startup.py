@@ -20,12 +20,12 @@ from typing import NamedTuple
 import torch.distributed as dist
 
 from . import env as launch_env
-from . import hugepages, netcheck
+from . import hugepages, netcheck, streams
 from .backends import REGISTRY
 from .backends.base import BackendUnavailable
 from .topology import Shape, Topology
 from .tuning.model import predict_table
-from .tuning.table import TuningTable
+from .tuning.table import TuningTable, TuningTables, load_tables
 
 log = logging.getLogger("mcr")
 
@@ -47,21 +47,26 @@ def start(cfg, info: launch_env.LaunchInfo, store=None, op_timeout_s=None) -> St
     netcheck.check_names(os.environ, spans_nodes=info.local_world_size < info.world_size)
     table = read_table(cfg)
     timeout_s = op_timeout_s or cfg.watchdog_timeout_s
-    start_backends(backends, unavailable, wanted, info, None, timeout_s)  # no store: they may give its address
+    start_backends(backends, unavailable, wanted, info, None, timeout_s, cfg)  # no store: they may give its address
     if store is None:
         store = make_store(info, backends.get("mpi"), unavailable.get("mpi"))
-    # every rank's node, once: from the hostnames, whatever the launcher said about local ranks
-    hosts = launch_env.hosts_by_rank(store, info.rank, info.world_size) if info.world_size > 1 else None
-    topology = Topology(hosts or [socket.gethostname()])
+    # every rank's node, once: from the hostnames, whatever the launcher said about local ranks;
+    # and its GPU (bound by the runtime already), so ranks that share one are known alike
+    if info.world_size > 1:
+        hosts = launch_env.hosts_by_rank(store, info.rank, info.world_size)
+        gpus = launch_env.by_rank(store, "gpu", info.rank, info.world_size, streams.gpu_identity())
+    else:
+        hosts, gpus = [socket.gethostname()], [streams.gpu_identity()]
+    topology = Topology(hosts, gpus)
     shape = topology.shape()
     if "gloo" in wanted and shape.nodes > 1:  # before gloo connects: a wrong network fails named
         netcheck.check_gloo_reach(store, topology, info.rank, os.environ)
     table = fit_table(table, cfg, shape)  # before gloo starts: a refused table stops every rank alike
-    start_backends(backends, unavailable, wanted, info, store, timeout_s)
+    start_backends(backends, unavailable, wanted, info, store, timeout_s, cfg)
     return Started(backends, unavailable, store, topology, shape, table)
 
 
-def start_backends(backends, unavailable, wanted, info, store, timeout_s) -> None:
+def start_backends(backends, unavailable, wanted, info, store, timeout_s, cfg=None) -> None:
     """Start the registered backends (mcr.backends) that need a store, or (store None) those
     that need none; each is started into `backends`, or `unavailable` says why not."""
     for name, entry in REGISTRY.items():
@@ -71,7 +76,7 @@ def start_backends(backends, unavailable, wanted, info, store, timeout_s) -> Non
             unavailable[name] = "not in the configured backends list"
             continue
         try:
-            backends[name] = entry.cls.start(info, store, timeout_s)
+            backends[name] = entry.cls.start(info, store, timeout_s, cfg)
         except BackendUnavailable as exc:
             unavailable[name] = str(exc)
 
@@ -102,11 +107,12 @@ def make_store(info, mpi, why_no_mpi):
 
 
 def read_table(cfg):
-    """A table file is read before any backend starts, so a missing or malformed one stops
-    every rank the same way instead of leaving peers mid-handshake."""
+    """A table file (or one per device, comma-separated: `TuningTables`) is read before any
+    backend starts, so a missing or malformed one stops every rank the same way instead of
+    leaving peers mid-handshake."""
     if cfg.tuning is None or cfg.tuning == "auto":
         return None
-    return TuningTable.load(cfg.tuning)
+    return load_tables(cfg.tuning)
 
 
 def fit_table(table, cfg, shape):
@@ -114,6 +120,8 @@ def fit_table(table, cfg, shape):
     rank knows alike once the hostnames are exchanged; or, with tuning_predict, reshaped."""
     if table is None:
         return None
+    if isinstance(table, TuningTables):  # each device's table, alike
+        return TuningTables([fit_table(t, cfg, shape) for t in table.tables])
     if cfg.tuning_predict:  # another scale or machine: this job's group size through the model
         return predict_table(table, shape.ranks, shape.per_node, nodes=shape.nodes)
     table.check_fits(shape.ranks, ranks_per_node=shape.per_node, nodes=shape.nodes)
@@ -166,6 +174,10 @@ def say_once(started: Started, info, table) -> None:
             mine,
             hosts[info.rank],
         )
+    mpi = started.backends.get("mpi")
+    if mpi is not None and streams.bound_device() is not None:  # what CUDA tensors on MPI will do
+        how = "straight to MPI" if mpi.cuda_aware else "staged through pinned host memory"
+        log.info("mcr: CUDA tensors on MPI go %s (%s)", how, mpi.cuda_aware_reason)
     have = ", ".join(f"{n} ({b.version()})" for n, b in started.backends.items())
     missing = "; ".join(f"{n}: {why}" for n, why in started.unavailable.items())
     log.info(
@@ -183,4 +195,6 @@ def table_text(table) -> str:
         return "no tuning table"
     if table.online:
         return f"tuning online ({table.path})"
+    if isinstance(table, TuningTables):
+        return "; ".join(f"{device} {table_text(t)}" for device, t in table.by_device.items())
     return f"tuning table {table.path} (measured for {table.shape_text()}; {table.fingerprint_text()})"

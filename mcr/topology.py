@@ -36,8 +36,9 @@ class Layout(NamedTuple):
 
 
 class Topology:
-    def __init__(self, hosts):
+    def __init__(self, hosts, gpus=None):
         self.hosts = tuple(hosts)
+        self.gpus = tuple(gpus) if gpus is not None else ("",) * len(self.hosts)  # each rank's GPU UUID ("": none)
         self.node_names = tuple(dict.fromkeys(self.hosts))  # in order of each node's first rank
         index = {name: i for i, name in enumerate(self.node_names)}
         self.node_of = tuple(index[h] for h in self.hosts)
@@ -61,3 +62,13 @@ class Topology:
         if len({len(members) for members in local}) != 1:
             return None
         return Layout(local, [list(column) for column in zip(*local)])
+
+    def shared_gpu(self, ranks):
+        """Two of these global ranks that share a GPU, or None (ranks without one share none)."""
+        seen = {}
+        for r in ranks:
+            gpu = self.gpus[r]
+            if gpu and gpu in seen:
+                return seen[gpu], r
+            seen[gpu] = r
+        return None

@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 
+from . import threads
+
 EXIT_CODE = 86  # distinct, so a test can tell a watchdog stop from a crash
 
 
@@ -42,8 +44,7 @@ class Watchdog:
         self._ending = threading.Lock()
         self._pid = os.getpid()
         self._signals = self._catch_sigterm()
-        self._thread = threading.Thread(target=self._watch, name="mcr-watchdog", daemon=True)
-        self._thread.start()
+        self._thread = threads.start(self._watch, "mcr-watchdog")
 
     def stop(self) -> None:
         self._stop.set()

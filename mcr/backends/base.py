@@ -25,12 +25,27 @@ class Backend:
     # False for a library that starts without the runtime's TCP store (MPI has its own world,
     # and gives the others their rendezvous address when no launcher did)
     needs_store: bool = True
+    # True for a library that orders its ops on CUDA tensors against the caller's current stream
+    # itself, as torch's process groups do (NCCL; gloo on the ops it runs on CUDA tensors); False
+    # for a host-driven one (MPI), which the runtime keeps off the memory until the stream reached
+    # the op (`mcr.streams`, rule 1)
+    stream_ordered: bool = False
+    # False for a library whose groups do not meet in finalize()'s closing barrier (NCCL: a
+    # barrier there would need a world communicator on a GPU; the host libraries' barrier suffices)
+    closing_barrier: bool = True
+    # False for a library that matches a pair's messages in order, whatever their tags (NCCL):
+    # a tagged send or receive is then chosen elsewhere
+    p2p_tags: bool = True
+    # True for a library that runs no group where two members share a GPU (NCCL): the runtime
+    # then opens no communicator of it there, and chooses another backend for that group
+    gpu_per_rank: bool = False
 
     @classmethod
-    def start(cls, info, store, timeout_s: float) -> "Backend":
+    def start(cls, info, store, timeout_s: float, cfg=None) -> "Backend":
         """Build it for this job (`info`: mcr.env.LaunchInfo; `store`: the runtime's torch store,
         None for a backend with needs_store False; `timeout_s`: the op timeout where the library
-        has one). Raise BackendUnavailable with the reason where it cannot run here."""
+        has one; `cfg`: the runtime's config). Raise BackendUnavailable with the reason where it
+        cannot run here."""
         return cls(store, info.rank, info.world_size, timeout_s)
 
     @classmethod
@@ -50,6 +65,22 @@ class Backend:
 
     def supports(self, family: str, dtype, reduce_op, device_type: str) -> bool:
         return device_type in self.devices
+
+    def reads_device(self, method: str, dtype, reduce_op) -> bool:
+        """Whether `method` reads and writes CUDA tensors itself; where not, the runtime runs it on
+        pinned host copies (`mcr.streams.to_host`). Asked only where `supports` said cuda."""
+        return False
+
+    def issue_after(self, ready, method: str, comm, args):
+        """Issue `method` async on `comm` with `args`, the library touching their memory only
+        after `ready()` returned (the issuing stream reached the op: `mcr.streams`, rule 1).
+        By default the issuing thread waits first; a backend with a worker thread may wait there."""
+        ready()
+        return getattr(self, method)(comm, *args, True)
+
+    def progress(self) -> None:
+        """Move the library's own progress once, without blocking: called while a rank blocks on
+        another backend, for a library whose `progresses_alone` is False (mixing rule 3)."""
 
     def for_route(self, method: str, comm, nbytes: int, dtype, device_type: str, reduce_op, async_op=False):
         """The calls of one route (the runtime caches this per route): a function of `method`'s

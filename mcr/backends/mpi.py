@@ -4,9 +4,11 @@ Tensors are handed to MPI as raw memory (`MPI.memory.fromaddress`), so no copy i
 every dtype works for data movement. MPI has no float16/bfloat16 datatype or reduction, so
 16-bit reductions travel as 16-bit words combined by our own MPI ops (`_half_ops`): each pair
 of elements is added in float32 and rounded once, as gloo's and torch's 16-bit kernels do;
-small all-reduces run on a float32 copy instead (`UPCAST_BELOW`). GPU
-tensors go straight to MPI where the library is CUDA-aware and are staged through host memory
-otherwise.
+small all-reduces run on a float32 copy instead (`UPCAST_BELOW`). CUDA tensors go straight to
+MPI where the library is CUDA-aware (`reads_device`); the runtime stages the others through
+pinned host memory (`mcr.streams`). MPI is host-driven: the runtime hands it device memory only
+once the issuing stream has reached the op, and async collectives on CUDA tensors wait for that
+on the worker thread, which runs them as blocking calls (`issue_after`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import zlib
 
 import torch
 
+from .. import streams
 from ..env import mpi_plugin_hint
 from ..handle import Handle, from_mpi_request
+from . import mpi_cuda
 from .base import Backend, BackendUnavailable
 from .mpi_worker import CollectiveWorker
 from .pmix_fence import fence_all_ranks
@@ -75,51 +79,6 @@ def start_mpi(launch_info):
     return MPI
 
 
-def _cuda_aware(MPI) -> bool:
-    """Open MPI and MVAPICH export MPIX_Query_cuda_support; others we assume are not."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        lib = ctypes.CDLL(MPI.__file__)
-        return bool(lib.MPIX_Query_cuda_support())
-    except (OSError, AttributeError):
-        return False
-
-
-def _staged_through_host(method):
-    """Run an op on host copies of GPU tensors when MPI cannot read device memory."""
-
-    @functools.wraps(method)
-    def run(self, g, *args):
-        if self.cuda_aware or not any(_is_cuda(a) for a in args):
-            return method(self, g, *args)
-        pairs = []
-
-        def to_host(a):
-            if isinstance(a, torch.Tensor) and a.is_cuda:
-                host = a.detach().to("cpu")
-                pairs.append((a, host))
-                return host
-            if isinstance(a, list) and a and isinstance(a[0], torch.Tensor):
-                return [to_host(t) for t in a]
-            return a
-
-        host_args = [to_host(a) for a in args]
-
-        def copy_back():
-            for device_tensor, host in pairs:
-                device_tensor.copy_(host)
-
-        handle = method(self, g, *host_args)
-        if handle is None:
-            copy_back()
-            return None
-        return handle.then(copy_back)
-
-    run._stages_through_host = True
-    return run
-
-
 @functools.cache  # once per process: MPI allows few user-defined ops, and runtimes may start again and again
 def _half_ops(mpi) -> dict:
     """{dtype: {reduce op name: MPI op}} for float16 and bfloat16 on CPU. MPI calls the op on
@@ -154,6 +113,13 @@ BUFFERS_PER_ROUTE = 64  # a hot route's MPI buffers kept by tensor address (MPIB
 # backend's worker thread (`mpi_worker`), below it as MPI's nonblocking call (a thread hand-off
 # costs tens of µs, more than libnbc loses on small messages: configs/tuning/vm-n2-bench-ddp.txt).
 WORKER_FROM = 256 << 10
+REDUCING_METHODS = frozenset({"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"})
+# The collectives an async op on CUDA tensors runs on the worker (`MPIBackend.issue_after`): every
+# one whose blocking call takes no second communicator (the list all-to-all sends on the twin).
+WORKER_METHODS = frozenset(
+    {"all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "gather", "scatter"}
+    | {"reduce_scatter", "reduce_scatter_tensor", "all_to_all_single", "barrier"}
+)
 
 
 def _is_cuda(a) -> bool:
@@ -168,8 +134,9 @@ class MPIBackend(Backend):
     needs_store = False
 
     @classmethod
-    def start(cls, info, store, timeout_s):
-        return cls(info)  # MPI has no op timeout: the watchdog stands in
+    def start(cls, info, store, timeout_s, cfg=None):
+        # MPI has no op timeout: the watchdog stands in
+        return cls(info, cfg.mpi_cuda_aware if cfg is not None else "auto")
 
     @classmethod
     def expected_devices(cls, gpu):
@@ -177,12 +144,16 @@ class MPIBackend(Backend):
             raise BackendUnavailable("mpi4py is not installed")
         return frozenset({"cpu", "cuda"} if gpu else {"cpu"})
 
-    def __init__(self, launch_info):
+    def __init__(self, launch_info, cuda_aware="auto"):
+        """`cuda_aware`: the `mpi_cuda_aware` setting (auto, true or false; `mcr.backends.mpi_cuda`)."""
         MPI = self.MPI = start_mpi(launch_info)
         self.world = MPI.COMM_WORLD.Dup()  # our own context: user MPI traffic never matches ours
         self.thread_multiple = MPI.Query_thread() == MPI.THREAD_MULTIPLE  # the progress and worker threads need it
         self._worker = None  # started by the first large async collective
-        self.cuda_aware = _cuda_aware(MPI)
+        # device memory straight to MPI, decided per library, agreed by every rank and checked on the GPU
+        decision = mpi_cuda.resolve(self.world, MPI, setting=cuda_aware, device=streams.bound_device())
+        self.cuda_aware, self.cuda_aware_reason = decision.aware, decision.reason
+        # CUDA tensors: straight to a CUDA-aware MPI, else staged by the runtime (`reads_device`)
         self.devices = frozenset({"cpu", "cuda"} if torch.cuda.is_available() else {"cpu"})
         self._dtypes = {
             torch.float32: MPI.FLOAT,
@@ -209,24 +180,40 @@ class MPIBackend(Backend):
         self._mem = MPI.memory.fromaddress
         self._byte = MPI.BYTE
         self._in_place = MPI.IN_PLACE
-        if self.cuda_aware or not torch.cuda.is_available():
-            self._skip_staging()
-
-    def _skip_staging(self):
-        """Where MPI reads every tensor it can get, bind the ops without the staging wrapper."""
-        for name in dir(type(self)):
-            method = getattr(type(self), name)
-            if getattr(method, "_stages_through_host", False):
-                setattr(self, name, method.__wrapped__.__get__(self))
 
     def _on_worker(self, g, nbytes, blocking_call, keep):
         """A handle for `blocking_call(twin)` run on the worker, or None where the op should be
         MPI's nonblocking call (small, or an MPI without thread support)."""
         if nbytes < WORKER_FROM or not self.thread_multiple:
             return None
+        return self._worker_thread().submit(self._twins[id(g)], blocking_call, keep)
+
+    def _worker_thread(self) -> CollectiveWorker:
         if self._worker is None:
             self._worker = CollectiveWorker()
-        return self._worker.submit(self._twins[id(g)], blocking_call, keep)
+        return self._worker
+
+    def reads_device(self, method, dtype, reduce_op):
+        """Device memory straight to a CUDA-aware MPI, but for 16-bit reductions: our own MPI ops
+        for them read host memory."""
+        return self.cuda_aware and not (method in REDUCING_METHODS and dtype in HALF_DTYPES)
+
+    def issue_after(self, ready, method, comm, args):
+        """An async op on CUDA tensors (device memory, or the runtime's pinned host copies) whose
+        memory MPI may touch once `ready()` returns. A collective runs as a blocking call on the
+        worker, which waits there, in issue order: the issuing thread goes on at once, and no
+        nonblocking reduction reads device memory (Open MPI's libnbc reduces on the host). A
+        send, receive or list all-to-all waits on the issuing thread, then issues MPI's
+        nonblocking call (the worker runs one call at a time: a receive there would hold up the
+        send that its peer's receive waits for)."""
+        fn = getattr(self, method)
+        if method in WORKER_METHODS and self.thread_multiple:
+            return self._worker_thread().submit(self._twins[id(comm)], lambda twin: fn(twin, *args, False), args, ready)
+        ready()
+        if method in WORKER_METHODS and any(map(_is_cuda, args)):
+            fn(comm, *args, False)  # no worker (no MPI_THREAD_MULTIPLE): blocking, never libnbc on device memory
+            return Handle(lambda: None, lambda: True, args)
+        return fn(comm, *args, True)
 
     def progress(self) -> None:
         """Run MPI's progress engine once, without blocking (the runtime's rule 3: queued sends
@@ -277,8 +264,6 @@ class MPIBackend(Backend):
         if device_type not in self.devices:
             return False
         if reduce_op is not None and family in ("all_reduce", "reduce", "reduce_scatter"):
-            if dtype in HALF_DTYPES and device_type != "cpu" and self.cuda_aware:
-                return False  # our 16-bit ops read host memory; CUDA-aware MPI would hand them device pointers
             return dtype in self._dtypes and reduce_op in self._ops
         return True
 
@@ -331,7 +316,6 @@ class MPIBackend(Backend):
         return self._ops_for[t.dtype][op]
 
     # --- ops -----------------------------------------------------------------------------------
-    @_staged_through_host
     def all_reduce(self, g, tensor, op, async_op):
         dtype, nbytes = tensor.dtype, tensor.nbytes  # the hot path: each attribute read counts
         if dtype in self._upcast and nbytes < UPCAST_BELOW:
@@ -353,7 +337,6 @@ class MPIBackend(Backend):
             return None
         return handle.then(lambda: tensor.copy_(wide))
 
-    @_staged_through_host
     def reduce(self, g, tensor, dst, op, async_op):
         send = self._in_place if g.Get_rank() == dst else self._typed(tensor)
         recv = self._typed(tensor) if g.Get_rank() == dst else None
@@ -361,13 +344,11 @@ class MPIBackend(Backend):
             return from_mpi_request(g.Ireduce(send, recv, self._op(tensor, op), dst), tensor)
         g.Reduce(send, recv, self._op(tensor, op), dst)
 
-    @_staged_through_host
     def broadcast(self, g, tensor, src, async_op):
         if async_op:
             return from_mpi_request(g.Ibcast(self._bytes(tensor), src), tensor)
         g.Bcast(self._bytes(tensor), src)
 
-    @_staged_through_host
     def all_gather_into_tensor(self, g, output, tensor, async_op):
         send, recv = self._bytes(tensor), self._bytes(output)
         if async_op:
@@ -390,7 +371,6 @@ class MPIBackend(Backend):
             return None
         return handle.then(copy_out)
 
-    @_staged_through_host
     def _gather_packed(self, g, tensor, packed, dst, async_op):
         recv = self._bytes(packed) if packed is not None else None
         if async_op:
@@ -403,7 +383,6 @@ class MPIBackend(Backend):
         packed = torch.empty((len(gather_list),) + tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device)
         return self._then_copy_out(self._gather_packed(g, tensor, packed, dst, async_op), packed, gather_list)
 
-    @_staged_through_host
     def _scatter_packed(self, g, tensor, packed, src, async_op):
         send = self._bytes(packed) if packed is not None else None
         if async_op:
@@ -414,7 +393,6 @@ class MPIBackend(Backend):
         packed = torch.stack([t.view_as(tensor) for t in scatter_list]) if g.Get_rank() == src else None
         return self._scatter_packed(g, tensor, packed, src, async_op)
 
-    @_staged_through_host
     def reduce_scatter_tensor(self, g, output, input, op, async_op):
         send, recv, mpi_op = self._typed(input), self._typed(output), self._op(input, op)
         if async_op:
@@ -427,7 +405,6 @@ class MPIBackend(Backend):
         packed = torch.cat([t.reshape(-1) for t in input_list])
         return self.reduce_scatter_tensor(g, output, packed, op, async_op)
 
-    @_staged_through_host
     def _all_to_all_v(self, g, output, input, out_bytes, in_bytes, async_op):
         send = [self._mem(input.data_ptr(), input.nbytes), (in_bytes, _offsets(in_bytes)), self._byte]
         recv = [self._mem(output.data_ptr(), output.nbytes), (out_bytes, _offsets(out_bytes)), self._byte]
@@ -445,13 +422,11 @@ class MPIBackend(Backend):
         out_bytes = [s * out_row for s in output_splits] if output_splits else [output.nbytes // n] * n
         return self._all_to_all_v(g, output, input, out_bytes, in_bytes, async_op)
 
-    @_staged_through_host
     def _all_to_all_even(self, g, output, input, async_op):
         if async_op:
             return from_mpi_request(g.Ialltoall(self._bytes(input), self._bytes(output)), (output, input))
         g.Alltoall(self._bytes(input), self._bytes(output))
 
-    @_staged_through_host
     def all_to_all(self, g, output_list, input_list, async_op):
         """Each block straight from its input tensor into its output tensor by nonblocking sends
         and receives on the group's twin communicator: packing the lists into one buffer and out
@@ -472,13 +447,11 @@ class MPIBackend(Backend):
         waitall, testall = self.MPI.Request.Waitall, self.MPI.Request.Testall
         return Handle(lambda: waitall(requests), lambda: testall(requests), (output_list, input_list))
 
-    @_staged_through_host
     def send(self, g, tensor, dst, tag, async_op):
         if async_op:
             return from_mpi_request(g.Isend(self._bytes(tensor), dst, tag), tensor)
         g.Send(self._bytes(tensor), dst, tag)
 
-    @_staged_through_host
     def recv(self, g, tensor, src, tag, async_op):
         if src is None:  # any source (the runtime issues it async): the status names the sender
             status, request = self.MPI.Status(), g.Irecv(self._bytes(tensor), self.MPI.ANY_SOURCE, tag)

@@ -6,7 +6,9 @@ configs/tuning/vm-n2-bench-ddp.txt), so DDP's bucket all-reduces on MPI ran seve
 slower than they need to. The worker runs each queued op's blocking call in issue order (the
 order every rank issues them in), on the group's twin communicator, so its collectives never
 share a matching order with the caller's own on the group's communicator; mpi4py releases the
-GIL inside the call. The handle completes, post-steps included, on the worker when the op ends.
+GIL inside the call. The handle completes, post-steps included, on the worker when the op ends;
+an op on CUDA tensors first waits on the worker until the issuing stream has reached it
+(`before`), and is completed by the runtime on that stream (`mcr.streams`), not here.
 """
 
 from __future__ import annotations
@@ -14,17 +16,18 @@ from __future__ import annotations
 import queue
 import threading
 
+from .. import threads
 from ..handle import SharedHandle
 
 
 class CollectiveWorker:
     def __init__(self):
         self._queue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="mcr-mpi-worker", daemon=True)
-        self._thread.start()
+        self._thread = threads.start(self._run, "mcr-mpi-worker")
 
-    def submit(self, comm, call, keep) -> SharedHandle:
-        """Queue `call(comm)` (a blocking MPI collective on `comm`); returns its handle."""
+    def submit(self, comm, call, keep, before=None) -> SharedHandle:
+        """Queue `call(comm)` (a blocking MPI collective on `comm`), after `before()` where given;
+        returns its handle."""
         done, failed = threading.Event(), []
 
         def wait():
@@ -40,7 +43,7 @@ class CollectiveWorker:
             return True
 
         handle = SharedHandle(wait, test, keep)
-        self._queue.put((comm, call, done, failed, handle))
+        self._queue.put((comm, call, before, done, failed, handle))
         return handle
 
     def stop(self):
@@ -52,11 +55,13 @@ class CollectiveWorker:
             item = self._queue.get()
             if item is None:
                 return
-            comm, call, done, failed, handle = item
+            comm, call, before, done, failed, handle = item
             try:
+                if before is not None:
+                    before()
                 call(comm)
             except Exception as exc:  # raised to the caller by wait() (under its watchdog)
                 failed.append(exc)
             done.set()
-            if not failed:
+            if not failed and before is None:
                 handle.is_completed()  # post-steps and futures here, not at the next poll

@@ -28,6 +28,7 @@ _reduce_scatter_single = getattr(_CppBackend, "reduce_scatter_single", None) or 
 class TorchDistBackend(Backend):
     p2p_completes_alone = True  # the library marks a send/recv Work done without a wait
     reduce_scatter_completes_alone = True  # ... and a reduce-scatter Work
+    stream_ordered = True  # syncStream at issue, the current stream blocked at wait (CUDA tensors)
 
     def __init__(self, store, rank: int, world_size: int, timeout_s: float):
         # rank and world size: each group's come with new_group()
@@ -148,11 +149,26 @@ class GlooBackend(TorchDistBackend):
     p2p_completes_alone = False  # gloo marks a send/recv Work done only in its wait()
     reduce_scatter_completes_alone = False  # its reduce-scatter Works too (torch 2.13; tests/mcr/test_robustness.py)
     devices = frozenset({"cpu"})
+    # the ops ProcessGroupGloo runs on CUDA tensors itself (its Async*CUDAWork classes: pinned
+    # copies on a side stream ordered after the caller's, copied back on wait); the runtime
+    # stages the others (send/recv, the tensor all-gather and reduce-scatters, the list all-to-all)
+    CUDA_METHODS = frozenset(
+        {"all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter", "all_to_all_single"}
+    )
 
     def __init__(self, store, rank, world_size, timeout_s):
         if not dist.is_gloo_available():
             raise BackendUnavailable("this torch build has no gloo")
         super().__init__(store, rank, world_size, timeout_s)
+        if torch.cuda.is_available():  # natively or staged by the runtime
+            self.devices = frozenset({"cpu", "cuda"})
+
+    @classmethod
+    def expected_devices(cls, gpu):
+        return frozenset({"cpu", "cuda"} if gpu else {"cpu"})
+
+    def reads_device(self, method, dtype, reduce_op):
+        return method in self.CUDA_METHODS
 
     def _make_pg(self, store, group_rank, group_size, timeout):
         return dist.ProcessGroupGloo(store, group_rank, group_size, timeout)
@@ -180,9 +196,22 @@ class GlooBackend(TorchDistBackend):
         return None
 
 
+# What torch's ProcessGroupNCCL maps to NCCL types and ops (its `ncclDataType` and `ncclOp`):
+# no int16, unsigned wider than 8 bits or complex; AVG needs NCCL 2.10, which every torch this
+# runs on has. `supports` refuses the rest, so the choice falls back instead of NCCL failing.
+NCCL_DTYPES = frozenset(
+    {torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int32, torch.int64}
+    | {torch.bool, torch.float8_e5m2, torch.float8_e4m3fn}
+)
+NCCL_REDUCE_OPS = frozenset({"sum", "avg", "product", "min", "max"})
+
+
 class NcclBackend(TorchDistBackend):
     name = "nccl"
     devices = frozenset({"cuda"})
+    closing_barrier = False  # finalize() meets on the host libraries; NCCL's ops are done by then
+    p2p_tags = False  # NCCL matches a pair's sends to its receives in order, whatever the tag
+    gpu_per_rank = True  # "Duplicate GPU detected": two ranks of a communicator on one GPU
 
     def __init__(self, store, rank, world_size, timeout_s):
         if not torch.cuda.is_available():
@@ -201,9 +230,25 @@ class NcclBackend(TorchDistBackend):
         return "nccl " + ".".join(map(str, torch.cuda.nccl.version()))
 
     def _make_pg(self, store, group_rank, group_size, timeout):
+        """Its communicator made now, on the bound device: made lazily, the first op's issue
+        would block until every member arrived (a blocking issue breaks the mixing rules: an
+        isend before an MPI op on one rank, after it on the peer, would deadlock)."""
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
-        return dist.ProcessGroupNCCL(store, group_rank, group_size, opts)
+        pg = dist.ProcessGroupNCCL(store, group_rank, group_size, opts)
+        pg.eager_connect_single_device(torch.device("cuda", torch.cuda.current_device()))
+        return pg
 
     def supports(self, family, dtype, reduce_op, device_type):
-        return device_type == "cuda"
+        return device_type == "cuda" and dtype in NCCL_DTYPES and (reduce_op is None or reduce_op in NCCL_REDUCE_OPS)
+
+    def reads_device(self, method, dtype, reduce_op):
+        return True
+
+    def recv(self, g, tensor, src, tag, async_op):
+        if src is None:  # the sender chose NCCL too (it cannot know the receive is from anyone)
+            raise ValueError(
+                "a receive from any source cannot run on nccl, which has none; pass src, or run both the send "
+                "and the receive on a backend that has one (backend='mpi' or 'gloo' on both)"
+            )
+        return super().recv(g, tensor, src, tag, async_op)

@@ -20,8 +20,12 @@ group is built among members alone: gloo on the group's store, MPI by MPI_Comm_c
 Why a `dist.ProcessGroup` subclass: a Python subclass of the C++ `Backend` has no constructor,
 while ProcessGroup's pybind trampoline forwards C++ calls (DDP's reducer, functional
 collectives) to these Python methods. The runtime's gloo group is also registered as the
-group's cpu backend so C++ paths that ask for the device backend directly (monitored_barrier,
-`torch.ops.c10d.*` under torch.compile) still work; those few calls run on gloo, unchosen.
+group's cpu backend, and its NCCL group (gloo's where the group has none) as its cuda backend, so
+C++ paths that ask for the device backend directly (monitored_barrier, `torch.ops.c10d.*` under
+torch.compile) still work; those few calls run there, unchosen. torch's coalescing manager never
+reaches them: `_start_coalescing`/`_end_coalescing` are this class's own (NCCL's would turn the
+ops between them into null Works), and the Work `_end_coalescing` returns waits for every op
+issued in between, whichever backend ran it.
 
 Both lean on torch's backend plugin API, which changes between releases: outside the torch
 versions in `mcr.hooks.versions.TESTED`, registering warns with the tested range.
@@ -78,10 +82,13 @@ class RuntimeProcessGroup(dist.ProcessGroup):
         self.mcr_group = group
         self._ranks = group.ranks  # group rank -> global rank, for roots and peers
         self._owns_runtime = owns_runtime
+        self._coalesced = None  # between _start_coalescing and _end_coalescing: the Works made
         if "gloo" in group.comms:
             self._register_backend(torch.device("cpu"), _GLOO, group.comms["gloo"])
         if "nccl" in group.comms:
             self._register_backend(torch.device("cuda"), _NCCL, group.comms["nccl"])
+        elif "gloo" in group.comms and torch.cuda.is_available():
+            self._register_backend(torch.device("cuda"), _GLOO, group.comms["gloo"])
 
     # --- identity ------------------------------------------------------------------------------
     def getBackendName(self):  # noqa: N802  (torch's ProcessGroup method name)
@@ -98,6 +105,19 @@ class RuntimeProcessGroup(dist.ProcessGroup):
     def abort(self):
         self.shutdown()
 
+    # --- coalescing: torch's `_coalescing_manager(group, device)` --------------------------------
+    def _start_coalescing(self, device):
+        if self._coalesced is not None:
+            raise RuntimeError("mcr backend: coalescing started twice on one group; end the first block first")
+        self._coalesced = []
+
+    def _end_coalescing(self, device):
+        """One Work for every op issued since `_start_coalescing` (the runtime runs each at once,
+        in order, on its chosen backend; nothing is deferred, so nothing is merged)."""
+        works, self._coalesced = self._coalesced or [], None
+        handles = [h for work in works for h in (work._handles if isinstance(work._handles, list) else [work._handles])]
+        return handle_work(handles, []) if handles else DONE
+
     # --- collectives ---------------------------------------------------------------------------
     def allreduce(self, tensors, opts=_DEFAULT_OPTS["AllreduceOptions"]):
         if len(tensors) != 1:
@@ -106,7 +126,7 @@ class RuntimeProcessGroup(dist.ProcessGroup):
             return self._on_gloo("sparse all_reduce").allreduce(tensors, opts)
         async_op = opts.asyncOp
         handle = _all_reduce(tensors[0], _op(opts.reduceOp), self.mcr_group, async_op)
-        return DONE if handle is None else handle_work(handle, tensors)
+        return DONE if handle is None else self._work(handle, tensors)
 
     def allreduce_coalesced(self, tensors, opts=_DEFAULT_OPTS["AllreduceCoalescedOptions"]):
         """One all-reduce on a flat copy: many small tensors cost one op, not many."""
@@ -204,13 +224,13 @@ class RuntimeProcessGroup(dist.ProcessGroup):
 
     # --- point to point: torch's send/recv have no async flag; torch waits when it must -------
     def send(self, tensors, dst, tag):
-        return handle_work(api.isend(tensors[0], self._ranks[dst], self.mcr_group, tag), tensors)
+        return self._work(api.isend(tensors[0], self._ranks[dst], self.mcr_group, tag), tensors)
 
     def recv(self, tensors, src, tag):
-        return handle_work(api.irecv(tensors[0], self._ranks[src], self.mcr_group, tag), tensors)
+        return self._work(api.irecv(tensors[0], self._ranks[src], self.mcr_group, tag), tensors)
 
     def recv_anysource(self, tensors, tag):
-        return handle_work(api.irecv(tensors[0], None, self.mcr_group, tag), tensors)
+        return self._work(api.irecv(tensors[0], None, self.mcr_group, tag), tensors)
 
     # --- helpers -------------------------------------------------------------------------------
     def _on_gloo(self, what):
@@ -220,14 +240,18 @@ class RuntimeProcessGroup(dist.ProcessGroup):
             raise ValueError(f"mcr backend: {what} runs on gloo, which is unavailable here ({why})")
         return gloo
 
-    @staticmethod
-    def _work(handle, result):
-        return DONE if handle is None else handle_work(handle, result)
+    def _work(self, handle, result):
+        """The Work for an op's handle (None: a blocking op, done); kept while coalescing."""
+        if handle is None:
+            return DONE
+        work = handle_work(handle, result)
+        if self._coalesced is not None:
+            self._coalesced.append(work)
+        return work
 
-    @staticmethod
-    def _work_or_wait(handles, result, async_op):
+    def _work_or_wait(self, handles, result, async_op):
         """Coalesced ops run async inside; a blocking caller gets them finished."""
-        work = handle_work(handles, result)
+        work = self._work(handles, result)
         if async_op:
             return work
         work.wait()

@@ -1,6 +1,7 @@
 """Micro-benchmarks in the style of OSU and nccl-tests.
 
     python -m launch.local -n 2 -m mcr.tools.bench [--ops all_reduce,all_to_all] [--max-bytes 64M]
+    python -m launch.local -n 2 -m mcr.tools.bench --device cuda     # on each rank's GPU
 
 For each op and message size: latency (µs) and bus bandwidth (GB/s) on every available
 backend (or the candidates --backends names: a backend, mpi/chunk=1M, node:mpi+gloo) and on the
@@ -8,7 +9,10 @@ runtime's own choice ("auto", with the candidate it picked, its distance from th
 the picked candidate's own column's distance from the best: the same calls timed apart, so
 between the two the choice's quality shows apart from the timing's noise), then the runtime's
 per-call overhead against calling each
-backend library directly on a 4-byte all-reduce.
+backend library directly on a 4-byte all-reduce. With --device cuda the tensors are on each
+rank's GPU, the columns add each backend staged through host memory (`mpi/host`), and every
+call is timed until the GPU has finished it (`mcr.measure`); the overhead is a CPU figure and is
+left out there.
 """
 
 from __future__ import annotations
@@ -21,7 +25,17 @@ import torch
 
 from .. import api
 from ..commlog import human_bytes
-from ..measure import MEASURABLE_OPS, PACE_HELP, compare, paced, time_call
+from ..measure import (
+    DEVICE_HELP,
+    MEASURABLE_OPS,
+    PACE_HELP,
+    bound_device,
+    compare,
+    device_problem,
+    paced,
+    runs_as_named,
+    time_call,
+)
 from ..ops import bus_factor
 from ..tuning import candidates as cands
 from ..tuning.table import Choice
@@ -39,23 +53,24 @@ def sizes_between(low: int, high: int, step: int = 2) -> list:
     return sizes[:: max(1, step.bit_length() - 1)]
 
 
-def sweep(ops, backends, sizes, dtype, iters=None, rounds=3, pace=False):
+def sweep(ops, backends, sizes, dtype, iters=None, rounds=3, pace=False, device="cpu"):
     """Rows of {op, bytes, <backend>: seconds, auto, auto_backend}; identical on every rank.
-    The backends of one size are timed in interleaved rounds (`measure.compare`)."""
+    The backends of one size are timed in interleaved rounds (`measure.compare`) on tensors
+    made on `device`."""
     rt = api.runtime()
     n = rt.world_size
     rows = []
     for op in ops:
         for size in sizes:
             row = {"op": op}
-            timed = [(None, 0) if name == "auto" else _run_as(name) for name in backends]
-            seconds, actual = compare(rt, op, size, timed, dtype, iters=iters, rounds=rounds, pace=pace)
+            timed = [(None, 0) if name == "auto" else cands.run_as(cands.parse_label(name)) for name in backends]
+            seconds, actual = compare(rt, op, size, timed, dtype, iters=iters, rounds=rounds, pace=pace, device=device)
             if rows and rows[-1]["op"] == op and rows[-1]["bytes"] == actual:
                 continue  # rounded up to the same message as the last size (divisible by n)
             row.update(zip(backends, seconds))
             row["bytes"] = actual
             if "auto" in backends:
-                route = rt.route(op, actual, rt.world, dtype, "cpu")
+                route = rt.route(op, actual, rt.world, dtype, torch.device(device).type)
                 chunked = route.chunk_bytes and op == "all_reduce" and actual > route.chunk_bytes  # run in chunks
                 row["auto_backend"] = route.op.backend + (f"/{cands.short_bytes(route.chunk_bytes)}" if chunked else "")
                 # the candidate it runs, as --backends names it: that column times the same calls
@@ -65,10 +80,12 @@ def sweep(ops, backends, sizes, dtype, iters=None, rounds=3, pace=False):
     return rows
 
 
-def _run_as(label):
-    """(backend= for the call, chunk bytes) of a candidate label: node-aware ones run by label."""
-    choice = cands.parse_label(label)
-    return (label, 0) if choice.inter else (choice.backend, choice.chunk_bytes)
+def default_columns(rt, ops, dtype, device_name) -> list:
+    """Every started backend (and on cuda each staged through host memory, `mpi/host`) that runs
+    all the ops on this device as named, then the runtime's own choice, `auto`."""
+    whole = [cands.label(c) for c in cands.whole(list(rt.backends), device_name)]
+    runs = [name for name in whole if all(runs_as_named(rt, name, op, dtype, None, device_name) for op in ops)]
+    return runs + ["auto"]
 
 
 def format_table(rows, backends) -> str:
@@ -141,6 +158,7 @@ def main(argv=None) -> int:
     parser.add_argument("--min-bytes", default="4")
     parser.add_argument("--max-bytes", default="64M")
     parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help=DEVICE_HELP)
     parser.add_argument("--iters", type=int, default=None, help="iterations per point (default: scaled by size)")
     parser.add_argument(
         "--rounds", type=int, default=3, help="interleaved rounds per point; each backend keeps its best"
@@ -151,16 +169,21 @@ def main(argv=None) -> int:
     parser.add_argument("--json", default=None, help="also write the rows here (rank 0)")
     args = parser.parse_args(argv)
     watch = Watch()  # from here: how busy the machine was while this ran
+    problem = device_problem(args.device)  # before any rank starts: every rank stops alike
+    if problem:
+        parser.error(problem)
 
     kwargs = {"tuning": args.tuning} if args.tuning else {}
     rt = api.init(**kwargs)
+    device = bound_device(args.device)
     ops = [o.strip() for o in args.ops.split(",") if o.strip()]
     for op in ops:
         if op not in MEASURABLE_OPS:
             parser.error(f"unknown op {op!r}; choose from {', '.join(MEASURABLE_OPS)}")
     if "send_recv" in ops and rt.world_size < 2:
         ops.remove("send_recv")
-    backends = args.backends.split(",") if args.backends else list(rt.backends) + ["auto"]
+    dtype = getattr(torch, args.dtype)
+    backends = args.backends.split(",") if args.backends else default_columns(rt, ops, dtype, args.device)
     for name in backends:
         if name == "auto":
             continue
@@ -171,17 +194,26 @@ def main(argv=None) -> int:
         for part in (choice.backend, choice.inter):
             if part and part not in rt.backends:
                 parser.error(f"backend {part!r} is unavailable here: {rt.unavailable.get(part, 'unknown backend')}")
-    dtype = getattr(torch, args.dtype)
     sizes = sizes_between(cands.parse_bytes(args.min_bytes), cands.parse_bytes(args.max_bytes))
     pace = paced(args.pace, rt.shape.nodes)
-    rows = sweep(ops, backends, sizes, dtype, args.iters, args.rounds, pace)
-    text = f"mcr.tools.bench: calls timed {'paced' if pace else 'back to back'}\n" + format_table(rows, backends)
-    over_text, over = ("", {}) if args.no_overhead else overhead()
+    rows = sweep(ops, backends, sizes, dtype, args.iters, args.rounds, pace, device)
+    how = "calls timed"
+    if device.type == "cuda":
+        how = f"cuda tensors on {torch.cuda.get_device_name(device)}, calls timed to torch.cuda.synchronize()"
+    text = f"mcr.tools.bench: {how} {'paced' if pace else 'back to back'}\n" + format_table(rows, backends)
+    if args.no_overhead:
+        over_text, over = "", {}
+    elif device.type == "cuda":
+        over_text, over = "\n# runtime overhead: measured on CPU tensors (run without --device cuda)", {}
+    else:
+        over_text, over = overhead()
     if rt.rank == 0:
         print(text + "\n" + over_text + "\n" + watch.line(), flush=True)
         if args.json:
             with open(args.json, "w") as f:
-                json.dump({"world_size": rt.world_size, "rows": rows, "overhead": over}, f, indent=1)
+                json.dump(
+                    {"world_size": rt.world_size, "device": device.type, "rows": rows, "overhead": over}, f, indent=1
+                )
     api.finalize()
     return 0
 

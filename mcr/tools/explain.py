@@ -3,6 +3,7 @@
     python -m mcr.tools.explain --tuning configs/tuning/vm-n2.yaml --world-size 2 --nodes 1
     python -m mcr.tools.explain --tuning t.yaml --world-size 8 --nodes 2 --ops all_reduce --dtype bfloat16
     python -m mcr.tools.explain --tuning t.yaml --sizes 4,64K,16M --check   # exit 1 if the table has a problem
+    python -m mcr.tools.explain --tuning cpu.yaml,cuda.yaml     # a job's table per device: the routes of each
 
 For each op and message size (powers of 4 from 4 B to 64 MiB and the table's own boundaries, or
 --sizes) it prints the route the runtime would take for the world group of --world-size ranks
@@ -15,11 +16,13 @@ settings (MCR_BACKEND, MCR_BACKEND_<OP>, MCR_BACKENDS, MCR_TUNING_FILE, MCR_TUNI
 Then it lists the table's problems: gaps (sizes where no entry decides an op, dtype and group
 size, so the default rule does), overlaps (entries whose ranges meet: the one with the larger
 lower bound shadows the other), and a table measured for another job shape or machine (which
-the runtime refuses at start-up unless tuning_predict is set).
+the runtime refuses at start-up unless tuning_predict is set). With a table per device it prints
+all of this for each device, from that device's table; --device picks one (or imagines CUDA
+tensors under a CPU table, whose routes then say it is for another device).
 
 What it cannot know without starting the backends: which are available on the machine that
-will run the job (mpi where mpi4py is installed, gloo, nccl where torch sees a GPU; --backends
-says otherwise), and per-dtype limits of a started backend (CUDA-aware MPI's 16-bit
+will run the job (mpi where mpi4py is installed, gloo, nccl where torch sees a GPU or the job
+has CUDA calls; --backends says otherwise), and per-dtype limits of a started backend (CUDA-aware MPI's 16-bit
 reductions on GPU); a backend is taken to run every op on its devices.
 """
 
@@ -38,7 +41,7 @@ from ..ops import OP_FAMILIES
 from ..topology import Shape
 from ..tuning.candidates import parse_bytes, short_bytes
 from ..tuning.model import predict_table  # as mcr.startup.fit_table does with tuning_predict
-from ..tuning.table import TuningTable, TuningTableError
+from ..tuning.table import TuningTable, TuningTableError, TuningTables, load_tables
 
 REDUCING = ("all_reduce", "reduce", "reduce_scatter")
 DEFAULT_SIZES = [4**k for k in range(1, 14)]  # 4 B .. 64 MiB
@@ -191,51 +194,13 @@ def render(rows, header=("op", "dtype", "size", "backend", "chunk", "rule")) -> 
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m mcr.tools.explain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--tuning", help="the tuning table (default: MCR_TUNING_FILE)")
-    parser.add_argument("--world-size", type=int, help="ranks in the job (default: the table's)")
-    parser.add_argument("--nodes", type=int, help="nodes the job spans (default: the table's, else 1)")
-    parser.add_argument("--ops", help="comma-separated op families (default: the table's, else all)")
-    parser.add_argument("--dtype", default="float32", help="comma-separated dtypes (default float32)")
-    parser.add_argument("--sizes", help="comma-separated message sizes, e.g. 4,64K,16M (default: 4 B-64 MiB)")
-    parser.add_argument("--device", choices=("cpu", "cuda"), help="tensors' device (default: the table's)")
-    parser.add_argument("--backends", help="backends the job will have (default: MCR_BACKENDS, where available)")
-    parser.add_argument(
-        "--predict", action="store_true", help="another world size: use the table through its model (tuning_predict)"
-    )
-    parser.add_argument("--hostname", help="host the job will run on, for the fingerprint check (default: this one)")
-    parser.add_argument("--check", action="store_true", help="exit 1 when the table has a problem")
-    args = parser.parse_args(argv)
-
-    cfg = mcr_config.load(**({"tuning": args.tuning} if args.tuning else {}))
-    online = cfg.tuning == "auto"
-    table = TuningTable.load(cfg.tuning) if cfg.tuning and not online else None
-    fp = table.fingerprint if table is not None else {}
-    world_size = args.world_size or fp.get("world_size") or 2
-    shape = job_shape(world_size, args.nodes or fp.get("nodes") or 1)
-    device = args.device or (table.device if table is not None else "cpu")
-    names = [n.strip() for n in args.backends.split(",") if n.strip()] if args.backends else cfg.backend_names()
-    unknown = [n for n in names if n not in REGISTRY]
-    if unknown:
-        parser.error(f"unknown backend {', '.join(unknown)}; choose from {', '.join(REGISTRY)}")
-    backends, unavailable = available_backends(names, device)
+def explain_device(table, device, shape, policy, backends, unavailable, args, predicted=False) -> list:
+    """Print the routes of `device`'s calls under `table` (None: none) and return its problems."""
     dtypes = [d.strip() for d in args.dtype.split(",")]
     in_table = list(dict.fromkeys(e.op for e in table.entries)) if table is not None else []
     ops = (
         [o.strip() for o in args.ops.split(",")] if args.ops else in_table or [f for f in OP_FAMILIES if f != "barrier"]
     )
-    bad = [o for o in ops if o not in OP_FAMILIES] + [
-        d for d in dtypes if not isinstance(getattr(torch, d, None), torch.dtype)
-    ]
-    if bad:
-        parser.error(f"unknown op or dtype {', '.join(bad)}; ops: {', '.join(OP_FAMILIES)}")
-
-    predicted = table is not None and args.predict and table.fingerprint.get("world_size") not in (None, shape.ranks)
-    if table is not None and args.predict:
-        table = predict_table(table, shape.ranks, shape.per_node, nodes=shape.nodes)
     # with --predict the job uses the table reshaped, and nothing checks its shape: its gaps count
     found = problems(table, ops, dtypes, shape, args.hostname, not args.predict) if table is not None else []
     if args.sizes:
@@ -249,24 +214,88 @@ def main(argv=None) -> int:
             )
             for op in ops
         }
-    policy = Policy(cfg.overrides, cfg.backend)
-
     if table is not None:
         how = "predicted by its model for" if predicted else "measured for"
         print(f"tuning table {table.path}: {how} {table.shape_text()}; {table.fingerprint_text()}")
         absent = [f for f in ops if f not in in_table]
         if absent:
             print(f"not in the table (the default rule decides): {', '.join(absent)}")
-    elif online:
-        print("tuning: auto; the table is learned during the run, so these are the routes without it")
-    else:
-        print("no tuning table")
     have = ", ".join(backends) or "none"
     missing = "".join(f"; {n} unavailable: {why}" for n, why in unavailable.items())
     print(f"job: {shape} on {device}; backends {have}{missing}\n")
     print(render(routes(table, policy, backends, unavailable, shape, ops, dtypes, sizes, device)))
     print()
     print("\n".join(["problems:", *(f"  {line}" for line in found)]) if found else "problems: none")
+    return found
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m mcr.tools.explain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--tuning", help="the tuning table, or one per device: cpu.yaml,cuda.yaml (default: MCR_TUNING_FILE)"
+    )
+    parser.add_argument("--world-size", type=int, help="ranks in the job (default: the table's)")
+    parser.add_argument("--nodes", type=int, help="nodes the job spans (default: the table's, else 1)")
+    parser.add_argument("--ops", help="comma-separated op families (default: the table's, else all)")
+    parser.add_argument("--dtype", default="float32", help="comma-separated dtypes (default float32)")
+    parser.add_argument("--sizes", help="comma-separated message sizes, e.g. 4,64K,16M (default: 4 B-64 MiB)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), help="tensors' device (default: each table's)")
+    parser.add_argument("--backends", help="backends the job will have (default: MCR_BACKENDS, where available)")
+    parser.add_argument(
+        "--predict", action="store_true", help="another world size: use the table through its model (tuning_predict)"
+    )
+    parser.add_argument("--hostname", help="host the job will run on, for the fingerprint check (default: this one)")
+    parser.add_argument("--check", action="store_true", help="exit 1 when the table has a problem")
+    args = parser.parse_args(argv)
+
+    cfg = mcr_config.load(**({"tuning": args.tuning} if args.tuning else {}))
+    online = cfg.tuning == "auto"
+    try:
+        loaded = load_tables(cfg.tuning) if cfg.tuning and not online else None  # as mcr.startup.read_table
+    except TuningTableError as exc:  # missing, malformed, or two tables for one device
+        parser.error(str(exc))
+    tables = list(loaded.tables) if isinstance(loaded, TuningTables) else [loaded] if loaded is not None else []
+    fp = tables[0].fingerprint if tables else {}
+    world_size = args.world_size or fp.get("world_size") or 2
+    shape = job_shape(world_size, args.nodes or fp.get("nodes") or 1)
+    devices = [args.device] if args.device else [t.device for t in tables] or ["cpu"]
+    names = [n.strip() for n in args.backends.split(",") if n.strip()] if args.backends else cfg.backend_names()
+    unknown = [n for n in names if n not in REGISTRY]
+    if unknown:
+        parser.error(f"unknown backend {', '.join(unknown)}; choose from {', '.join(REGISTRY)}")
+    # one job: a GPU for its CUDA calls is there for its CPU calls too
+    backends, unavailable = available_backends(names, "cuda" if "cuda" in devices else devices[0])
+    dtypes = [d.strip() for d in args.dtype.split(",")]
+    asked = [o.strip() for o in args.ops.split(",")] if args.ops else []
+    bad = [o for o in asked if o not in OP_FAMILIES] + [
+        d for d in dtypes if not isinstance(getattr(torch, d, None), torch.dtype)
+    ]
+    if bad:
+        parser.error(f"unknown op or dtype {', '.join(bad)}; ops: {', '.join(OP_FAMILIES)}")
+
+    # each table with whether --predict reshapes it (as mcr.startup.fit_table does with tuning_predict)
+    predicted = [args.predict and t.fingerprint.get("world_size") not in (None, shape.ranks) for t in tables]
+    if args.predict:
+        tables = [predict_table(t, shape.ranks, shape.per_node, nodes=shape.nodes) for t in tables]
+    policy = Policy(cfg.overrides, cfg.backend)
+
+    if online:
+        print("tuning: auto; the table is learned during the run, so these are the routes without it")
+    elif not tables:
+        print("no tuning table")
+    found = []
+    for k, device in enumerate(devices):
+        if k:
+            print()
+        # one table is shown whatever the device (its routes say when it is for another); of a
+        # job's tables per device, the device's own
+        mine = [0] if len(tables) == 1 else [i for i, t in enumerate(tables) if t.device == device]
+        if not mine and tables:
+            print(f"no tuning table for {device} tensors (the tables are for {', '.join(t.device for t in tables)})")
+        table, reshaped = (tables[mine[0]], predicted[mine[0]]) if mine else (None, False)
+        found += explain_device(table, device, shape, policy, backends, unavailable, args, reshaped)
     return 1 if args.check and found else 0
 
 

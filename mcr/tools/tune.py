@@ -1,12 +1,16 @@
 """Measure every backend on the ranks this is launched with and write the tuning table.
 
     python -m launch.local -n 2 -m mcr.tools.tune [--out tuning/{host}-n{world}.yaml] [--max-bytes 64M]
+    python -m launch.local -n 2 -m mcr.tools.tune --device cuda     # CUDA tensors: a table for cuda
     python -m mcr.tools.tune --table tuning/vm-n2.yaml --predict-world-size 8     # no ranks needed
 
 For each op, message size (powers of two from --min-bytes to --max-bytes, plus --sizes and the
 sizes a model used, read from its comm log with --sizes-from) and candidate (each backend, and
 for all-reduce each backend in chunks of --chunks), the latency is the slowest rank's median
-after warm-ups, so every rank builds the same table. The table, its plots (`<table>-plots/`)
+after warm-ups, so every rank builds the same table. With --device cuda the tensors are on each
+rank's GPU, the candidates add each backend staged through host memory (`mpi/host`), every call
+is timed until the GPU has finished it, and the table says `device: cuda` (a job gives it beside
+a CPU one: `tuning: cpu.yaml,cuda.yaml`). The table, its plots (`<table>-plots/`)
 and a Markdown report (`<table>.md`) are written by rank 0 (by every rank with `{rank}` in --out).
 Use it with `MCR_TUNING_FILE=<table>` or `mcr.init(tuning=<table>)`.
 """
@@ -25,7 +29,16 @@ import torch
 
 from .. import api
 from ..backends import builtin_order
-from ..measure import MEASURABLE_OPS, PACE_HELP, compare, paced
+from ..measure import (
+    DEVICE_HELP,
+    MEASURABLE_OPS,
+    PACE_HELP,
+    bound_device,
+    compare,
+    device_problem,
+    paced,
+    runs_as_named,
+)
 from ..tuning import candidates as cands
 from ..tuning.fingerprint import fingerprint
 from ..tuning.model import fits_for, predict_table
@@ -36,6 +49,7 @@ from .bench import DEFAULT_OPS
 from .machine import Watch
 
 DEFAULT_OUT = "tuning/{host}-n{world}.yaml"
+DEFAULT_CUDA_OUT = "tuning/{host}-n{world}-cuda.yaml"  # beside the CPU one, not over it
 
 
 def powers_of_two(low: int, high: int) -> list:
@@ -61,18 +75,19 @@ def model_sizes(path: str) -> dict:
     return out
 
 
-def measure_point(op, size, choices, dtype, group, iters, warmup, rounds, pace=False):
+def measure_point(op, size, choices, dtype, group, iters, warmup, rounds, pace=False, device="cpu"):
     """(actual bytes, {label: µs or None}) for every candidate at one requested size."""
     live = [c for c in choices if cands.applies(c, size)]
-    # a node-aware candidate runs by its label (node:INTRA+INTER), as backend= on the call
-    runs = [(cands.label(c) if c.inter else c.backend, c.chunk_bytes) for c in live]
-    seconds, actual = compare(api.runtime(), op, size, runs, dtype, group, iters, warmup, rounds, pace)
+    runs = [cands.run_as(c) for c in live]  # backend= names it (mpi, mpi/host, node:mpi+gloo), chunked here
+    seconds, actual = compare(api.runtime(), op, size, runs, dtype, group, iters, warmup, rounds, pace, device)
     row = {cands.label(c): None for c in choices}
     row.update({cands.label(c): round(t * 1e6, 3) for c, t in zip(live, seconds)})
     return actual, row
 
 
-def measure_curve(op, sizes, choices, dtype, group, iters, warmup, rounds, margin, log, pace=False) -> Curve:
+def measure_curve(
+    op, sizes, choices, dtype, group, iters, warmup, rounds, margin, log, pace=False, device="cpu"
+) -> Curve:
     """One op at one group size: every candidate at every size (only on the group's ranks).
     Where the winner changes, both sizes around the change are measured again and each
     candidate keeps its faster median (noise only ever adds time), so a flip must hold twice."""
@@ -80,7 +95,7 @@ def measure_curve(op, sizes, choices, dtype, group, iters, warmup, rounds, margi
     requested, measured, latency = [], [], {lab: [] for lab in labels}
     started = time.perf_counter()
     for size in sizes:
-        actual, row = measure_point(op, size, choices, dtype, group, iters, warmup, rounds, pace)
+        actual, row = measure_point(op, size, choices, dtype, group, iters, warmup, rounds, pace, device)
         if actual in measured:  # the op rounded two requested sizes to the same message
             continue
         requested.append(size)
@@ -91,7 +106,7 @@ def measure_curve(op, sizes, choices, dtype, group, iters, warmup, rounds, margi
     wins = winners(curve, margin, labels)
     again = sorted({j for i in range(1, len(wins)) if wins[i] != wins[i - 1] for j in (i - 1, i)})
     for i in again:
-        _, row = measure_point(op, requested[i], choices, dtype, group, iters, warmup, rounds, pace)
+        _, row = measure_point(op, requested[i], choices, dtype, group, iters, warmup, rounds, pace, device)
         for lab in labels:
             old, new = latency[lab][i], row[lab]
             latency[lab][i] = old if new is None else new if old is None else min(old, new)
@@ -136,6 +151,19 @@ def build_table(fp, curves, margin, order_by_op, base=None) -> TuningTable:
     return TuningTable(base.fingerprint, entries, None, everything, model)
 
 
+def gpu_text(rt, device) -> str:
+    """What a CUDA sweep runs on: the GPU, and whether MPI reads device memory itself (where it
+    does not, `mpi` and `mpi/host` both stage, and time alike)."""
+    mpi = rt.backends.get("mpi")
+    if mpi is None:
+        aware = ""
+    elif getattr(mpi, "cuda_aware", False):
+        aware = ", mpi CUDA-aware"
+    else:
+        aware = ", mpi not CUDA-aware (mpi and mpi/host both stage)"
+    return f"cuda tensors on {torch.cuda.get_device_name(device)}, each call timed to torch.cuda.synchronize(){aware}"
+
+
 def parse_args(argv):
     p = argparse.ArgumentParser(
         prog="mcr.tools.tune", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -159,6 +187,7 @@ def parse_args(argv):
     p.add_argument("--pace", action=argparse.BooleanOptionalAction, default=None, help=PACE_HELP)
     p.add_argument("--margin", type=float, default=DEFAULT_MARGIN, help="fraction a candidate must win by to take over")
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help=DEVICE_HELP)
     p.add_argument(
         "--add-to",
         default=None,
@@ -166,7 +195,10 @@ def parse_args(argv):
         "unless --out names another path",
     )
     p.add_argument(
-        "--out", default=None, help=f"table path (default {DEFAULT_OUT}); {{host}}, {{world}}, {{rank}} are filled in"
+        "--out",
+        default=None,
+        help=f"table path (default {DEFAULT_OUT}, on cuda {DEFAULT_CUDA_OUT}); {{host}}, {{world}}, {{rank}} are "
+        "filled in",
     )
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots and the Markdown report")
     p.add_argument("--table", default=None, help="with --predict-world-size: the measured table to predict from")
@@ -194,10 +226,19 @@ def main(argv=None) -> int:
             parser.error("--table is read only with --predict-world-size N")
         return predict_main(args)
 
+    problem = device_problem(args.device)  # before any rank starts: every rank stops alike
+    if problem:
+        parser.error(problem)
     add_to = TuningTable.load(args.add_to) if args.add_to else None  # refused before any rank starts
+    if add_to is not None and add_to.device != args.device:
+        parser.error(
+            f"--add-to {args.add_to} is a table for {add_to.device} tensors; add to it with --device {add_to.device}, "
+            f"or write a {args.device} table of its own"
+        )
     if args.out is None:
-        args.out = args.add_to or DEFAULT_OUT
+        args.out = args.add_to or (DEFAULT_CUDA_OUT if args.device == "cuda" else DEFAULT_OUT)
     rt = api.init(tuning=None)  # measure the backends themselves, not a previous table's choice
+    device = bound_device(args.device)
     world, rank = rt.world_size, rt.rank
     if add_to is not None:
         add_to.check_fits(world, ranks_per_node=rt.shape.per_node, nodes=rt.shape.nodes)
@@ -215,16 +256,28 @@ def main(argv=None) -> int:
     for name in backends:
         if name not in rt.backends:
             parser.error(f"backend {name!r} is unavailable here: {rt.unavailable.get(name, 'unknown backend')}")
-    preferred = [b for b in builtin_order("cpu") if b in backends] + [
-        b for b in backends if b not in builtin_order("cpu")
-    ]
+    order = builtin_order(args.device)
+    preferred = [b for b in order if b in backends] + [b for b in backends if b not in order]
     chunks = [cands.parse_bytes(c) for c in args.chunks.split(",") if c.strip()]
     skip = {cands.label(cands.parse_label(c.strip())) for c in args.skip.split(",") if c.strip()}
+    dtype = getattr(torch, args.dtype)
+
+    def candidates(op, group):
+        """The op's candidates on this group, less --skip and those the runtime would not run as
+        named (NCCL on host copies, or where two members share a GPU; a node-aware pair with a
+        phase on a backend that cannot run this device's tensors)."""
+        # node-aware pairs where the group spans nodes with several ranks on each
+        spans = group.shape is not None and group.shape.nodes > 1 and (group.shape.per_node or 1) > 1
+        return [
+            c
+            for c in cands.for_op(op, preferred, chunks, spans, args.device)
+            if cands.label(c) not in skip and runs_as_named(rt, cands.run_as(c)[0], op, dtype, group, args.device)
+        ]
+
     group_sizes = [int(g) for g in args.group_sizes.split(",")] if args.group_sizes else [world]
     bad = [g for g in group_sizes if not 2 <= g <= world]
     if bad:
         parser.error(f"group sizes {bad} do not fit a world of {world} ranks (each must be 2..{world})")
-    dtype = getattr(torch, args.dtype)
     base = powers_of_two(cands.parse_bytes(args.min_bytes), cands.parse_bytes(args.max_bytes))
     extra = {int(cands.parse_bytes(s)) for s in args.sizes.split(",") if s.strip()}
     used = model_sizes(args.sizes_from) if args.sizes_from else {}
@@ -235,6 +288,7 @@ def main(argv=None) -> int:
         f"mcr.tools.tune: {world} ranks, backends {', '.join(preferred)}, ops {', '.join(ops)}, "
         f"{len(base)} sizes {base[0]} B .. {base[-1]} B, chunks {args.chunks or 'none'}"
         + (", paced" if pace else ", back to back")
+        + (f"; {gpu_text(rt, device)}" if device.type == "cuda" else "")
     )
     started, watch = time.perf_counter(), Watch()
     curves = []
@@ -242,12 +296,8 @@ def main(argv=None) -> int:
         group = rt.world if g == world else api.new_group(range(g))
         if group.is_member:
             log(f"group of {g} ranks")
-            # node-aware pairs where the group spans nodes with several ranks on each
-            spans = group.shape is not None and group.shape.nodes > 1 and (group.shape.per_node or 1) > 1
             for op in ops:
-                choices = [
-                    c for c in cands.for_op(op, preferred, chunks, node_aware=spans) if cands.label(c) not in skip
-                ]
+                choices = candidates(op, group)
                 sizes = sorted(set(base) | extra | used.get(op, set()))
                 curves.append(
                     measure_curve(
@@ -262,17 +312,14 @@ def main(argv=None) -> int:
                         args.margin,
                         log,
                         pace,
+                        device,
                     )
                 )
         api.barrier()
     if group_sizes != [world]:
         curves = share_from_rank0(curves)
-    spans = rt.shape.nodes > 1 and (rt.shape.per_node or 1) > 1
-    order_by_op = {
-        op: [label for label in map(cands.label, cands.for_op(op, preferred, chunks, spans)) if label not in skip]
-        for op in ops
-    }
-    table = build_table(fingerprint(rt), curves, args.margin, order_by_op, add_to)
+    order_by_op = {op: [cands.label(c) for c in candidates(op, rt.world)] for op in ops}
+    table = build_table(fingerprint(rt, device=device), curves, args.margin, order_by_op, add_to)
     log(f"measured in {time.perf_counter() - started:.0f} s\n{watch.line()}\n")
     log(summary(table))
     if rank == 0 or "{rank}" in args.out:

@@ -18,6 +18,14 @@ def _range(e) -> str:
     return f"[{human_bytes(e.min_bytes)}, {high})"
 
 
+def _device(fingerprint) -> str:
+    """` (cuda tensors, NVIDIA H100 ...)` for a table of another device than the CPU; '' for a CPU one."""
+    if fingerprint.get("device", "cpu") == "cpu":
+        return ""
+    gpu = f", {fingerprint['gpu']}" if fingerprint.get("gpu") else ""
+    return f" ({fingerprint['device']} tensors{gpu})"
+
+
 def _groups(table):
     keys = []
     for e in table.entries:
@@ -32,7 +40,7 @@ def summary(table, group_size=None) -> str:
     lines = []
     fp = table.fingerprint
     origin = f", predicted from {fp['predicted_from']['world_size']} ranks" if fp.get("predicted_from") else ""
-    lines.append(f"tuning table for {fp.get('world_size')} ranks on {fp.get('hostname')!r}{origin}")
+    lines.append(f"tuning table for {fp.get('world_size')} ranks on {fp.get('hostname')!r}{_device(fp)}{origin}")
     for op, size in _groups(table):
         if group_size is not None and size != group_size:
             continue
@@ -104,7 +112,7 @@ def write_plots(table, directory: str) -> list:
 def markdown(table, plot_paths=(), relative_to=None) -> str:
     """Where each candidate wins, per op: its size ranges and its lead over the runner-up."""
     fp = table.fingerprint
-    out = [f"# Tuning report: {fp.get('world_size')} ranks on `{fp.get('hostname')}`", ""]
+    out = [f"# Tuning report: {fp.get('world_size')} ranks on `{fp.get('hostname')}`{_device(fp)}", ""]
     versions = ", ".join(f"{k} {v}" for k, v in (fp.get("versions") or {}).items())
     if versions:
         out += [f"Versions: {versions}.", ""]

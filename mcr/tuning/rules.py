@@ -123,6 +123,7 @@ def entries_for(curve: Curve, margin: float = DEFAULT_MARGIN, order=None, dtype:
                 dtype=dtype,
                 chunk_bytes=choice.chunk_bytes,
                 inter=choice.inter,  # a node-aware winner (node:INTRA+INTER): both phases' backends
+                host=choice.host,  # a staged winner (BACKEND/host)
                 predicted=predicted,
                 latency_us=latency,
                 latency_at_bytes=at,

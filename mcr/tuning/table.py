@@ -11,11 +11,17 @@
 (absent: any) is the number of nodes the group spans: a group of 2 ranks inside a node and one
 across two nodes are different groups to a table measured on several nodes. A node-aware entry
 names its inter-node backend too (`backend: mpi, inter: gloo` is the candidate `node:mpi+gloo`:
-intra-node phases on MPI, the inter-node phase on gloo; `mcr.tuning.candidates`).
+intra-node phases on MPI, the inter-node phase on gloo; `mcr.tuning.candidates`). An entry of a
+CUDA table may stage the op's tensors through host memory (`backend: mpi, host: true` is the
+candidate `mpi/host`).
 `latency_us` keeps every candidate's measurement beside the choice so a reader can see why; a
 merged entry shows them at its largest measured size, `latency_at_bytes`. `predicted: true`
 marks an entry the performance model decided (a crossover between measured sizes, or another
 group size), not a measurement.
+
+A table speaks for the tensors of one device, its fingerprint's `device` (absent: cpu; a CUDA
+table also names its GPU). A job gives one table per device as a comma-separated list
+(`tuning: cpu.yaml,cuda.yaml`), read as `TuningTables`.
 
 Tables written by `python -m mcr.tools.tune` also keep what the choice was made from:
 
@@ -49,6 +55,7 @@ class Choice:
     backend: str  # the backend; for a node-aware candidate, the one of the intra-node phases
     chunk_bytes: int = 0  # > 0: run the op as a sequence of chunks of this size
     inter: str = ""  # set: node-aware, the inter-node phase runs on this backend
+    host: bool = False  # CUDA tensors staged through host memory, the backend running on the copies
 
     @property
     def node_aware(self) -> bool:
@@ -69,10 +76,11 @@ class Entry:
     latency_at_bytes: Optional[int] = None  # the message size latency_us was measured at
     nodes: Optional[int] = None  # the nodes the group spans; None: any
     inter: str = ""  # node-aware: the inter-node phase's backend
+    host: bool = False  # staged through host memory (the candidate BACKEND/host)
 
     @property
     def choice(self) -> Choice:
-        return Choice(self.backend, self.chunk_bytes, self.inter)
+        return Choice(self.backend, self.chunk_bytes, self.inter, self.host)
 
 
 @dataclass
@@ -110,9 +118,9 @@ class TuningTableError(ValueError):
 
 
 def _record(row) -> dict:
-    """A row as the file holds it: fields older tables never had (nodes, inter) only where set."""
+    """A row as the file holds it: fields older tables never had (nodes, inter, host) only where set."""
     out = asdict(row)
-    for key in ("nodes", "inter"):
+    for key in ("nodes", "inter", "host"):
         if key in out and not out[key]:
             del out[key]
     return out
@@ -168,6 +176,10 @@ class TuningTable:
     @property
     def device(self) -> str:
         return self.fingerprint.get("device", "cpu")
+
+    def for_device(self, device: str) -> Optional["TuningTable"]:
+        """This table where it speaks for `device`'s tensors (as `TuningTables.for_device`)."""
+        return self if device == self.device else None
 
     def depends_on_size(self, op: str, group_size: int, nodes: Optional[int] = None) -> bool:
         """True when this op's choice differs between message sizes for this group shape."""
@@ -274,5 +286,46 @@ class TuningTable:
         parts = [f"hosts {fp['hostname']!r}"] if fp.get("hostname") else []
         if fp.get("device"):
             parts.append(str(fp["device"]))
+        if fp.get("gpu"):
+            parts.append(str(fp["gpu"]))
+        if "mpi_cuda_aware" in fp:
+            parts.append("mpi reads device memory" if fp["mpi_cuda_aware"] else "mpi not CUDA-aware")
         parts += [f"{name} {version}" for name, version in (fp.get("versions") or {}).items()]
         return f"fingerprint {digest:08x}" + (f" ({', '.join(parts)})" if parts else "")
+
+
+class TuningTables:
+    """One fixed table per device, as a job names them (`tuning: cpu.yaml,cuda.yaml`): a call is
+    chosen from the table of its tensors' device. The runtime uses it as it uses one table:
+    `online`, `for_device` (through `mcr.choose.table_rule`), `depends_on_size`, `path`."""
+
+    online = False
+
+    def __init__(self, tables):
+        self.tables = tuple(tables)  # in the order named
+        self.by_device = {}
+        for table in self.tables:
+            other = self.by_device.setdefault(table.device, table)
+            if other is not table:
+                raise TuningTableError(
+                    f"tuning tables {other.path} and {table.path} are both for {table.device} tensors; "
+                    f"give one table per device (e.g. tuning: cpu.yaml,cuda.yaml)"
+                )
+        self.path = ",".join(str(t.path) for t in self.tables)  # as named: the log lines show it
+
+    def for_device(self, device: str) -> Optional[TuningTable]:
+        return self.by_device.get(device)
+
+    def depends_on_size(self, op: str, group_size: int, nodes: Optional[int] = None) -> bool:
+        """True when any table's choice for this op differs between message sizes: the runtime
+        agrees on an uneven op's size before choosing, whatever its device."""
+        return any(t.depends_on_size(op, group_size, nodes) for t in self.tables)
+
+
+def load_tables(paths: str):
+    """The table a job names (`tuning:`, MCR_TUNING_FILE): one file, read as a `TuningTable`, or
+    several separated by commas, one per device, read as `TuningTables`."""
+    names = [p.strip() for p in str(paths).split(",") if p.strip()]
+    if len(names) <= 1:
+        return TuningTable.load(names[0] if names else str(paths))
+    return TuningTables([TuningTable.load(p) for p in names])

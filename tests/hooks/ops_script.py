@@ -10,6 +10,7 @@ import sys
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _coalescing_manager
 
 import mcr
 from mcr.hooks import torch_backend
@@ -120,6 +121,20 @@ def main(mode):
             assert src == 1, f"recv from any source names rank {src}, not the sender 1"
         else:
             dist.send(torch.tensor([1.0, -1.0]), 0)
+
+    # torch's coalescing manager with a device, as DeepSpeed ZeRO-3's all_gather_coalesced uses it:
+    # the block's ops run as issued, and the Work it ends with waits for all of them
+    outs = [torch.empty(2 * n) for _ in range(2)]
+    with _coalescing_manager(device=torch.device("cpu"), async_ops=True) as cm:
+        for i, o in enumerate(outs):
+            dist.all_gather_into_tensor(o, distinct(rank, 2, salt=30 * i), async_op=True)
+    cm.wait()
+    for i, o in enumerate(outs):
+        check(f"coalesced all_gather_into_tensor {i}", o, torch.cat([distinct(r, 2, salt=30 * i) for r in range(n)]))
+    t = distinct(rank, 2, salt=60)
+    with _coalescing_manager(device=torch.device("cpu")):
+        dist.all_reduce(t)
+    check("coalesced all_reduce", t, summed(2, salt=60))
     dist.barrier()
 
     # a subgroup, created on every rank as torch requires; members get an mcr group

@@ -172,3 +172,117 @@ def test_uneven_all_to_alls_agree_on_a_size_exactly_when_the_choice_depends_on_i
         row["count"] for row in json.loads(log_path.read_text()) if row["op"] == "all_reduce" and row["bytes"] == 8
     )
     assert agreements == (10 if depends else 0), (case, agreements)
+
+
+class Runs:
+    """A backend as the choice sees it: it runs every op on these devices."""
+
+    p2p_tags = True
+
+    def __init__(self, *devices):
+        self.devices = devices
+
+    def supports(self, family, dtype, reduce_op, device_type):
+        return device_type in self.devices
+
+
+STARTED = {"nccl": Runs("cuda"), "mpi": Runs("cpu", "cuda"), "gloo": Runs("cpu")}
+
+
+def pick(device_type, explicit=None, policy=None, table=None):
+    import torch
+
+    from mcr.choose import Call, Policy, select_backend
+
+    call = Call("all_reduce", 4096, 2, 1, torch.float32, device_type, "sum", explicit)
+    return select_backend(call, policy or Policy({}), STARTED, {}, lambda: table)
+
+
+def test_a_staged_candidate_runs_its_backend_on_host_copies_of_cuda_tensors_and_plain_on_cpu():
+    from mcr.choose import Policy
+    from mcr.tuning.table import Choice
+
+    named = [
+        {"explicit": "mpi/host"},
+        {"policy": Policy({"all_reduce": "mpi/host"})},
+        {"policy": Policy({}, default="mpi/host")},
+        {"table": (Choice("mpi", host=True), "the tuning table")},
+    ]
+    for how in named:
+        on_gpu, on_cpu = pick("cuda", **how), pick("cpu", **how)
+        assert (on_gpu.backend, on_gpu.host, on_gpu.label, on_gpu.notes) == ("mpi", True, "mpi/host", ()), how
+        assert (on_cpu.backend, on_cpu.host, on_cpu.label, on_cpu.chosen) == ("mpi", False, "mpi", "mpi/host"), how
+    # staged, a backend runs host tensors: gloo (here CPU-only) takes a CUDA call through host memory
+    staged = pick("cuda", "gloo/host")
+    assert (staged.backend, staged.host, staged.notes) == ("gloo", True, ()), staged
+    # NCCL cannot run host copies: the built-in order takes the call, and the note says why
+    fallback = pick("cuda", "nccl/host")
+    assert (fallback.backend, fallback.host, fallback.chosen) == ("nccl", False, "nccl/host"), fallback
+    assert "cannot run all_reduce sum on host copies of cuda float32 tensors" in fallback.notes[0].text
+
+
+def test_settings_accept_a_staged_backend_where_an_ops_choice_is_named():
+    from mcr import config
+    from mcr.choose import require
+
+    cfg = config.load(env={}, backend="mpi/host", overrides={"all_reduce": "gloo/host"})
+    assert (cfg.backend, cfg.overrides["all_reduce"]) == ("mpi/host", "gloo/host")
+    with pytest.raises(config.ConfigError, match=r"unknown backend 'ucc' in 'ucc/host' in backend"):
+        config.load(env={}, backend="ucc/host")
+    with pytest.raises(config.ConfigError, match=r"unknown backend 'mpi/host' in backends"):
+        config.load(env={}, backends="mpi/host")  # which libraries to start: no way of running them
+    require("mpi/host", "all_reduce", "asked for by backend=", STARTED, {})
+    with pytest.raises(ValueError, match=r"backend 'ucc' \(asked for by backend=\) is unavailable"):
+        require("ucc/host", "all_reduce", "asked for by backend=", STARTED, {})
+
+
+class NoTags(Runs):
+    """A library that matches a pair's messages in order, whatever their tags (NCCL)."""
+
+    p2p_tags = False
+
+
+def test_a_group_whose_members_share_a_gpu_chooses_without_nccl_and_refuses_it_by_name():
+    import torch
+
+    from mcr.choose import Call, Policy, select_backend
+    from mcr.tuning.table import Choice
+
+    share = {"nccl": "ranks 0 and 1 of the group share a GPU, and nccl needs one GPU per rank"}
+    flat = Call("all_reduce", 4096, 2, 1, torch.float32, "cuda", "sum", missing=frozenset(share))
+    picked = select_backend(flat, Policy({}), STARTED, share, lambda: None)
+    assert (picked.backend, picked.notes) == ("mpi", ()), picked  # the built-in order skips it
+    with pytest.raises(ValueError, match="backend 'nccl' .* share a GPU"):
+        select_backend(flat._replace(explicit="nccl"), Policy({}), STARTED, share, lambda: None)
+    # a table naming it falls back, naming why
+    picked = select_backend(flat, Policy({}), STARTED, share, lambda: (Choice("nccl"), "the table"))
+    assert picked.backend == "mpi" and "share a GPU" in picked.notes[0].text, picked
+
+
+def test_a_node_aware_route_runs_nccl_where_its_phase_groups_have_a_gpu_each():
+    import torch
+
+    from mcr.choose import Call, Policy, select_backend
+    from mcr.topology import Shape
+
+    # 2 ranks on one node sharing a GPU: no NCCL on the world group or its node-local group, but
+    # each peer group (one rank per node) has one
+    share = {"nccl": "ranks 0 and 1 of the group share a GPU"}
+    call = Call("all_reduce", 4096, 2, 1, torch.float32, "cuda", "sum", "node:mpi+nccl", Shape(2, 1, 2, (2,)), 0)
+    call = call._replace(missing=frozenset(share), missing_intra=frozenset(share))
+    picked = select_backend(call, Policy({}), STARTED, share, lambda: None)
+    assert (picked.intra, picked.backend, picked.notes) == ("mpi", "nccl", ()), picked
+    picked = select_backend(call._replace(explicit="node:nccl+mpi"), Policy({}), STARTED, share, lambda: None)
+    assert not picked.intra and "peer groups" in picked.notes[0].text, picked  # flat, and says why
+
+
+def test_a_tagged_send_is_not_chosen_for_a_library_that_ignores_tags():
+    import torch
+
+    from mcr.choose import Call, Policy, select_backend
+
+    started = {**STARTED, "nccl": NoTags("cuda")}
+    call = Call("send_recv", 64, 2, 1, torch.float32, "cuda")
+    assert select_backend(call, Policy({}), started, {}, lambda: None).backend == "nccl"
+    picked = select_backend(call._replace(tagged=True), Policy({}), started, {}, lambda: None)
+    assert picked.backend == "mpi", picked

@@ -199,3 +199,40 @@ def test_predict_prints_the_routes_a_job_of_another_size_takes_through_the_model
         assert taken == {at_4[op, int(size)][0]}, (call, job.output[-3000:])  # all four ranks, as printed
     # without --predict the table is one for another shape, and explain says so
     assert any(p.startswith("another shape") for p in problems(explain(*asked, "--world-size", "4"))), asked
+
+
+def test_a_table_per_device_prints_each_devices_routes_from_its_own_table(tmp_path, monkeypatch, capsys):
+    from mcr.tools.explain import main
+
+    for var in [v for v in os.environ if v.startswith("MCR_")]:  # in this process, as explain() runs it
+        monkeypatch.delenv(var)
+
+    def explain_here(*args) -> str:
+        assert main(list(args)) == 0
+        return capsys.readouterr().out
+
+    cpu = write_table(
+        tmp_path / "cpu.yaml", [{"op": "all_reduce", "min_bytes": 0, "max_bytes": None, "backend": "gloo"}]
+    )
+    staged = {"op": "all_reduce", "min_bytes": 65536, "max_bytes": None, "backend": "mpi", "host": True}
+    cuda = write_table(
+        tmp_path / "cuda.yaml",
+        [{"op": "all_reduce", "min_bytes": 0, "max_bytes": 65536, "backend": "nccl"}, staged],
+        device="cuda",
+        gpu="NVIDIA H100 80GB HBM3",
+    )
+    asked = ["--tuning", f"{cpu},{cuda}", "--world-size", "2", "--nodes", "1", "--sizes", "4K,1M"]
+    out = explain_here(*asked)
+    blocks = re.split(r"\n(?=tuning table )", out)
+    assert len(blocks) == 2 and "NVIDIA H100 80GB HBM3" in blocks[1] and "on cuda;" in blocks[1], out
+    on_cpu, on_cuda = rows(blocks[0]), rows(blocks[1])
+    assert on_cpu["all_reduce", 1 << 20][0] == "gloo" and "cpu.yaml (entry 0" in on_cpu["all_reduce", 1 << 20][2]
+    assert [on_cuda["all_reduce", s][0] for s in (4096, 1 << 20)] == ["nccl", "mpi/host"], out
+    assert "cuda.yaml (entry 1: all_reduce [64K, inf))" in on_cuda["all_reduce", 1 << 20][2], out
+    # --device picks one device's routes, from its own table
+    assert rows(explain_here(*asked, "--device", "cuda")) == on_cuda
+    # two tables for one device: refused naming both, as the runtime refuses them at start-up
+    with pytest.raises(SystemExit):
+        main(["--tuning", f"{cpu},{cpu}"])
+    refused = capsys.readouterr().err
+    assert f"tuning tables {cpu} and {cpu} are both for cpu tensors" in refused, refused

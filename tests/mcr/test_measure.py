@@ -1,6 +1,11 @@
-"""`mcr.measure.time_call`, the timer under mcr.tools.tune and mcr.tools.bench, on a real 1-rank job."""
+"""`mcr.measure`, the timer under mcr.tools.tune and mcr.tools.bench: pacing on real 1- and 2-rank
+jobs; a CUDA call's timing and which candidates are measured, through a runtime that only records
+(no GPU needed)."""
 
 import re
+
+import pytest
+import torch
 
 from tests.ranks import run_ranks
 
@@ -62,3 +67,79 @@ def test_tune_and_bench_pace_by_default_only_where_the_job_spans_nodes():
 
     assert [paced(None, nodes) for nodes in (None, 1, 2, 8)] == [False, False, True, True]
     assert paced(False, 2) is False and paced(True, 1) is True  # --no-pace and --pace win
+
+
+class Recorder:
+    """A runtime that records what it is asked to run: (op family, tensor device, backend=)."""
+
+    def __init__(self, backends=None):
+        from types import SimpleNamespace
+
+        from mcr.topology import Shape
+
+        self.backends, self.unavailable, self.ran = backends or {}, {}, []
+        comms = {name: object() for name in self.backends}
+        self.world = SimpleNamespace(size=4, nodes=2, shape=Shape(4, 2, 2, (2, 2)), gid=0, comms=comms, unavailable={})
+
+    def call(self, family, method, nbytes, group, tensor, backend, async_op, args, reduce_op=None):
+        self.ran.append((family, tensor.device.type, backend))
+
+    def select(self, family, nbytes, group, dtype, device_type, explicit=None, reduce_op=None):
+        """`Runtime.select` on these backends: what the group lacks is what it names unavailable."""
+        from mcr.choose import Call, Policy, select_backend
+
+        missing = frozenset(group.unavailable)
+        call = Call(family, nbytes, group.size, group.nodes, dtype, device_type, reduce_op, explicit, None, 0, missing)
+        return select_backend(call, Policy({}), self.backends, {**self.unavailable, **group.unavailable}, lambda: None)
+
+
+def test_a_cuda_call_is_timed_to_a_synchronize_after_each_call_and_ranks_meet_on_cpu(monkeypatch):
+    from mcr import measure
+
+    rt, device = Recorder(), torch.device("cuda", 1)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda on: rt.ran.append(("synchronize", on)))
+    measure.time_call(rt, lambda: rt.ran.append("call"), iters=3, warmup=2, backend="nccl", device=device)
+    calls = [i for i, what in enumerate(rt.ran) if what == "call"]
+    assert len(calls) == 5 and all(rt.ran[i + 1] == ("synchronize", device) for i in calls), rt.ran
+    # the barrier and the agreement on the slowest rank: CPU tensors, on the runtime's choice (not nccl)
+    assert [r for r in rt.ran if r != "call" and r[0] != "synchronize"] == [
+        ("barrier", "cpu", None),
+        ("all_reduce", "cpu", None),
+    ]
+    rt.ran.clear()
+    measure.time_call(rt, lambda: rt.ran.append("call"), iters=3, warmup=2, backend="mpi")  # CPU: as before
+    assert rt.ran == ["call"] * 2 + [("barrier", "cpu", "mpi")] + ["call"] * 3 + [("all_reduce", "cpu", "mpi")]
+
+
+def test_a_candidate_is_measured_only_where_the_runtime_runs_it_as_named():
+    from mcr.measure import runs_as_named
+
+    class Runs:
+        def __init__(self, *devices):
+            self.devices = devices
+
+        def supports(self, family, dtype, reduce_op, device_type):
+            return device_type in self.devices
+
+    rt = Recorder({"nccl": Runs("cuda"), "mpi": Runs("cpu", "cuda"), "gloo": Runs("cpu")})
+    runs = {
+        name: runs_as_named(rt, name, "all_reduce", torch.float32, None, "cuda")
+        for name in ("nccl", "mpi", "gloo", "nccl/host", "mpi/host", "gloo/host", "node:nccl+mpi", "node:gloo+nccl")
+    }
+    assert [name for name, yes in runs.items() if yes] == ["nccl", "mpi", "mpi/host", "gloo/host", "node:nccl+mpi"]
+    assert not runs_as_named(rt, "ucc", "all_reduce", torch.float32)  # not started here
+    assert not runs_as_named(rt, "node:nccl+mpi", "broadcast", torch.float32, None, "cuda")  # no node-aware form
+    # a group where NCCL has no communicator (two members share a GPU): the runtime would not use it
+    rt.world.unavailable["nccl"] = "two members share a GPU"
+    assert not runs_as_named(rt, "nccl", "all_reduce", torch.float32, None, "cuda")
+    assert runs_as_named(rt, "mpi", "all_reduce", torch.float32, None, "cuda")
+
+
+def test_device_cuda_without_a_gpu_names_the_problem_and_the_fix():
+    from mcr.measure import device_problem
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    said = device_problem("cuda")
+    assert said.startswith("--device cuda: ") and "leave --device out to measure CPU tensors" in said, said
+    assert device_problem("cpu") is None

@@ -110,3 +110,20 @@ def test_a_bfloat16_sweep_added_to_a_float32_table_decides_bfloat16_alone():
     # measuring bfloat16 again replaces the bfloat16 entries, not the float32 ones
     again = build_table({"world_size": 2}, [bf16], 0.05, order, merged)
     assert len(again.entries) == len(merged.entries) and len(again.curves) == 2
+
+
+def test_tune_and_bench_refuse_device_cuda_without_a_gpu_before_any_rank_starts(capsys):
+    import pytest
+    import torch
+
+    from mcr import api
+    from mcr.tools import bench, tune
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    for tool in (tune, bench):
+        with pytest.raises(SystemExit) as stopped:
+            tool.main(["--device", "cuda"])
+        said = capsys.readouterr().err
+        assert stopped.value.code == 2 and "--device cuda: " in said and "leave --device out" in said, said
+    assert api._runtime is None  # stopped before mcr.init
