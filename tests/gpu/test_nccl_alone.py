@@ -1,0 +1,43 @@
+"""One rank with the GPU to itself: NCCL runs every op (there is no peer for send/recv), chosen
+by name and by the runtime, under the stream races of tests/gpu/scripts/races.py, in float32 and
+bfloat16 (tests/gpu/scripts/nccl_solo.py).
+
+NCCL orders itself against the stream current on the thread that calls it, at issue and at
+wait. So the races fail a runtime that issues or waits on NCCL's Work from another thread (the
+progress or callbacks thread, whose current stream is the default one): late-producer (NCCL
+copies POISON when its stream waited on the wrong, idle stream), busy-default-stream (NCCL
+waits on the sleeping default stream while the consumer is not ordered after it) and
+wait-elsewhere (the consumer's stream never waits on NCCL's). On one rank an in-place op leaves
+its tensor unchanged, so only the out-of-place ops (gathers, scatters, reduce-scatters,
+all-to-alls) can show a race; the in-place ones still check their values and that they run.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.gpu.common import RACES_PER_OP, assert_checks, comm_log, launch, needs_gpu
+
+pytestmark = needs_gpu
+# every family but send/recv (no peer) and barrier (no tensor: chosen as on the host)
+CUDA_FAMILIES = {"all_reduce", "reduce", "broadcast", "all_gather", "gather", "scatter", "reduce_scatter", "all_to_all"}
+
+
+@pytest.fixture(scope="module")
+def run():
+    return launch(1, "tests.gpu.scripts.nccl_solo", timeout=180)
+
+
+def test_every_op_on_nccl_alone_keeps_the_stream_rules_and_is_the_runtime_choice(run):
+    """14 ops a race (3 all-reduces, reduce, broadcast, all-gather, the tensor all-gather, gather,
+    scatter, 2 reduce-scatters, 3 all-to-alls), 2 dtypes, every race; 2 barriers; the 32 MiB AVG.
+    The runtime's choice must be NCCL for every CUDA op (first in the built-in order on GPU): a
+    CUDA op logged on MPI or gloo fails."""
+    want = 2 * RACES_PER_OP * 14 + 2 + RACES_PER_OP
+    for label in ("nccl", "auto"):
+        assert_checks(run, label, {0: want})
+    rows = comm_log(run.output, 0)
+    assert {row[0] for row in rows if row[1] == "nccl"} >= CUDA_FAMILIES, rows
+    elsewhere = [row for row in rows if row[0] in CUDA_FAMILIES and row[1] != "nccl"]
+    assert not elsewhere, f"CUDA ops the runtime did not run on NCCL: {elsewhere}"
+    assert "rank 0: gpu finalize OK" in run.output and run.returncode == 0, run.output[-3000:]
