@@ -31,11 +31,18 @@ def check_deepspeed_train(t) -> None:
 
 def deepspeed_config(t) -> dict:
     """Adam with linear warm-up then decay, clipping, ZeRO stage and precision from `t`."""
+    import torch
+
+    adam = {"lr": t.lr, "betas": [0.9, 0.95], "weight_decay": t.weight_decay}
+    if torch.cuda.is_available():
+        # torch's AdamW, the same update: DeepSpeed's FusedAdam is a CUDA op that it would build
+        # with nvcc at the first step (CPU runs keep its CPU op, which `make setup` builds)
+        adam["torch_adam"] = True
     return {
         "train_micro_batch_size_per_gpu": t.micro_batch,
         "gradient_accumulation_steps": t.grad_accum,
         "gradient_clipping": t.grad_clip,
-        "optimizer": {"type": "Adam", "params": {"lr": t.lr, "betas": [0.9, 0.95], "weight_decay": t.weight_decay}},
+        "optimizer": {"type": "Adam", "params": adam},
         "scheduler": {
             "type": "WarmupDecayLR",
             "params": {

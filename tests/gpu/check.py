@@ -1,0 +1,247 @@
+"""`make gpu-check`: the GPU check, on a machine with one GPU, its own torch and no network.
+
+1. Installs the wheels `make gpu-wheels` prepared that this Python lacks (into --site; mcr itself
+   runs from the checkout).
+2. Starts the runtime once under mpiexec: which backends start, their versions, CUDA-aware MPI.
+3. Runs tests/gpu, a short tune and bench on CUDA at 2 ranks sharing the GPU, and the MoE tiny
+   preset on the GPU. Each step's output goes to runs/gpu-check/<time>/<step>.log; a step that
+   fails does not stop the others.
+4. Ends with a one-screen summary (also summary.txt there) and exits 0 only if every step passed.
+
+Without a GPU it says so, lists what it would run and exits 2, installing nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib.metadata
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PROBE_MARK = "gpu-check probe: "
+NOTHING = r"(?!)"  # a step whose output has no line worth quoting in the summary
+
+
+@dataclass
+class Step:
+    name: str
+    argv: list
+    timeout: int  # seconds; all together 470 s, so the check ends within 8 minutes
+    quote: str = r"(.+)"  # the summary quotes the last output line this matches (group 1)
+    status: str = "not run"
+    seconds: float = 0.0
+    note: str = ""
+
+
+def plan(run_dir: str, device: str) -> list:
+    """The steps after the install, in order."""
+    py = sys.executable
+    ranks = [py, "-m", "launch.local", "-n", "2", "-m"]
+    sweep = ["--device", device, "--ops", "all_reduce,all_gather,all_to_all", "--min-bytes", "1K"]
+    sweep += ["--max-bytes", "4M", "--iters", "20", "--rounds", "1"]
+    table = os.path.join(run_dir, "tune.yaml")
+    tuned = ["--tuning", table] if os.path.exists(table) else []  # the auto column picks from it
+    moe = ["-m", "apps.moe", "--config", "configs/moe/tiny.yaml", f"out_dir={run_dir}"]
+    return [
+        Step("start-up", [py, "-m", "launch.local", "-n", "1", "tests/gpu/check.py", "--probe"], 40, NOTHING),
+        Step(
+            "tests/gpu",
+            [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu"],
+            160,
+            r"=* ?(\d+ \w+.*?) ?=*$",
+        ),
+        Step("tune", ranks + ["mcr.tools.tune", *sweep, "--out", table], 75, r"(table: .*)"),
+        Step("bench", ranks + ["mcr.tools.bench", *sweep, *tuned], 75, NOTHING),
+        Step("moe tiny", [py, "-m", "launch.local", "-n", "1", *moe], 90, r"(done: .*)"),
+    ]
+
+
+def wheels_to_install(folder: str) -> list:
+    """The wheels whose distribution this Python lacks at that version."""
+    missing = []
+    for path in sorted(glob.glob(os.path.join(folder, "*.whl"))):
+        name, version = os.path.basename(path).split("-")[:2]
+        try:
+            have = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            have = None
+        if have != version:
+            missing.append(path)
+    return missing
+
+
+def prepared_env(site: str) -> dict:
+    """This environment with the installed wheels first (their modules, mpiexec, libmpi) and the
+    checkout importable."""
+    packages = glob.glob(os.path.join(site, "**", "python3*", "*-packages"), recursive=True)
+
+    def first(key, *paths):
+        return os.pathsep.join([*paths, *filter(None, [os.environ.get(key)])])
+
+    return dict(
+        os.environ,
+        PYTHONPATH=first("PYTHONPATH", REPO, *map(os.path.abspath, packages)),
+        PATH=first("PATH", os.path.abspath(os.path.join(site, "bin"))),
+        LD_LIBRARY_PATH=first("LD_LIBRARY_PATH", os.path.abspath(os.path.join(site, "lib"))),
+        WANDB_MODE="disabled",
+        PYTHONUNBUFFERED="1",
+    )
+
+
+def run(step: Step, env: dict, log_path: str) -> list:
+    """Run one step, its output into `log_path`; set its status, time and note; return its lines."""
+    print(f"gpu-check: {step.name} ...", end=" ", flush=True)
+    started = time.monotonic()
+    with open(log_path, "w") as log:
+        log.write(" ".join(step.argv) + "\n\n")
+        log.flush()
+        proc = subprocess.Popen(
+            step.argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            code = proc.wait(timeout=step.timeout)
+        except subprocess.TimeoutExpired:
+            kill_session(proc.pid)
+            proc.wait()
+            code = None
+    step.seconds = time.monotonic() - started
+    with open(log_path, errors="replace") as log:
+        lines = [line.strip() for line in log.read().splitlines()[2:] if line.strip()]
+    quoted = [m.group(1) for m in map(re.compile(step.quote).match, lines) if m]
+    if code is None:
+        step.status, step.note = "failed", f"timed out after {step.timeout} s"
+    elif code == 5 and step.name == "tests/gpu":
+        step.status, step.note = "skipped", "no tests collected"
+    elif code == 0:
+        step.status, step.note = "passed", (quoted or [""])[-1]
+    else:
+        step.status, step.note = "failed", f"exit {code}: " + (quoted or lines or [""])[-1]
+    print(f"{step.status} in {step.seconds:.0f} s", flush=True)
+    return lines
+
+
+def kill_session(sid: int) -> None:
+    """Every process of the step's session: mpiexec gives each rank a process group of its own."""
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if os.getsid(int(pid)) == sid:
+                os.kill(int(pid), signal.SIGKILL)
+        except OSError:  # gone meanwhile
+            pass
+
+
+def install(folder: str, site: str, log_path: str) -> Step:
+    """The wheels step: install what this Python lacks, or say that nothing is missing."""
+    every, wheels = glob.glob(os.path.join(folder, "*.whl")), wheels_to_install(folder)
+    here = ", ".join(" ".join(os.path.basename(w).split("-")[:2]) for w in sorted(set(every) - set(wheels)))
+    pip = [sys.executable, "-m", "pip", "install", "-q", "--disable-pip-version-check", "--root-user-action=ignore"]
+    pip += ["--no-index", "--no-deps", "--no-compile", "--ignore-installed", "--prefix", site, *wheels]
+    step = Step("wheels", pip, 30, NOTHING)  # pip -q says nothing when it succeeds
+    if not every:
+        step.status, step.note = "failed", f"no wheels in {folder}/: `make gpu-wheels` where pip reaches PyPI"
+        print(f"gpu-check: wheels ... {step.note}")
+    elif not wheels:
+        step.status, step.note = "passed", "nothing missing"
+    else:
+        run(step, os.environ, log_path)
+        if step.status == "passed":
+            step.note = f"installed {len(wheels)} of {len(every)}" + (f"; here already: {here}" if here else "")
+    return step
+
+
+def probe() -> None:
+    """The start-up step, under mpiexec: the runtime's backends and versions, CUDA-aware MPI."""
+    import mcr
+
+    rt = mcr.init()
+    mpi = rt.backends.get("mpi")
+    found = {
+        "backends": {name: str(backend.version()) for name, backend in rt.backends.items()},
+        "unavailable": {name: str(why) for name, why in rt.unavailable.items()},
+        "cuda_aware": getattr(mpi, "cuda_aware", None),
+    }
+    mcr.finalize()
+    print(PROBE_MARK + json.dumps(found), flush=True)
+
+
+def about_torch() -> dict:
+    try:
+        import torch
+    except ImportError:
+        return {"torch": "none", "GPU": "none"}
+    cuda = torch.cuda.is_available()
+    return {
+        "torch": torch.__version__,
+        "CUDA": torch.version.cuda or "none",
+        "NCCL": ".".join(map(str, torch.cuda.nccl.version())) if cuda else "none",
+        "GPU": torch.cuda.get_device_name(0) if cuda else "none",
+    }
+
+
+def summary(steps: list, about: dict, found: dict, run_dir: str) -> str:
+    lines = [f"gpu-check summary ({run_dir})"]
+    lines += [f"  {s.name:<10} {s.status:<8} {s.seconds:5.0f} s  {s.note[:88]}" for s in steps]
+    lines.append("  " + ", ".join(f"{key} {value}" for key, value in about.items()))
+    backends, unavailable = found.get("backends", {}), found.get("unavailable", {})
+    mpi = backends.get("mpi") or f"not started ({unavailable.get('mpi', 'see start-up.log')})"
+    aware = {True: "yes", False: "no"}.get(found.get("cuda_aware"), "unknown")
+    lines.append(f"  MPI {mpi[:100]}; CUDA-aware: {aware}")
+    lines.append(f"  mcr started: {', '.join(f'{n} {v}' for n, v in backends.items()) or 'unknown'}")
+    lines += [f"  mcr could not start {name}: {why[:90]}" for name, why in unavailable.items() if name != "mpi"]
+    failed = [s.name for s in steps if s.status != "passed"]
+    lines.append("gpu-check: " + (f"NOT passed: {', '.join(failed)}" if failed else "all passed"))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--wheels", default=".gpu-wheels", help="the folder `make gpu-wheels` filled")
+    parser.add_argument("--site", default="/tmp/mcr-site", help="where the missing wheels are installed")
+    parser.add_argument("--out", default="runs/gpu-check", help="each run writes a dated folder here")
+    parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.probe:
+        probe()
+        return 0
+
+    os.chdir(REPO)  # every path below is the checkout's, and every step runs there
+    device = "cpu" if os.environ.get("GPU_CHECK_ON_CPU") == "1" else "cuda"  # to test this script on a CPU
+    run_dir = os.path.join(args.out, time.strftime("%Y-%m-%d-%H%M%S"))
+    about = about_torch()
+    if device == "cuda" and about["GPU"] == "none":
+        has = f"torch {about['torch']}, CUDA {about['CUDA']}" if "CUDA" in about else "no torch"
+        print(f"gpu-check: no GPU here ({sys.executable}: {has}); nothing installed, nothing run.")
+        print(f"On a machine with one it would install what it lacks from {args.wheels}/ into {args.site}, then run:")
+        for step in plan(run_dir, device):
+            print(f"  {step.name:<10} at most {step.timeout:3} s: {' '.join(step.argv[1:])}")
+        return 2
+
+    os.makedirs(run_dir)
+    print(f"gpu-check on {about['GPU']}, output in {run_dir}", flush=True)
+    steps = [install(args.wheels, args.site, os.path.join(run_dir, "wheels.log"))]
+    env = prepared_env(args.site)
+    found = {}
+    for index in range(len(plan(run_dir, device))):
+        step = plan(run_dir, device)[index]  # planned when it starts: bench then finds tune's table
+        lines = run(step, env, os.path.join(run_dir, step.name.replace("/", "-").replace(" ", "-") + ".log"))
+        for line in lines:
+            if line.startswith(PROBE_MARK):
+                found = json.loads(line[len(PROBE_MARK) :])
+        steps.append(step)
+    text = summary(steps, about, found, run_dir)
+    with open(os.path.join(run_dir, "summary.txt"), "w") as f:
+        f.write(text + "\n")
+    print(text)
+    return 0 if all(s.status == "passed" for s in steps) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
