@@ -2,7 +2,7 @@
 the rule that decided out. `Runtime._decide` runs it for every new kind of call, and
 `python -m mcr.tools.explain` runs it for calls it only imagines, so both say the same thing.
 
-The order (README, "How the backend is chosen"): `backend=` on the call, force_backend(), a
+The order (docs/runtime.md, "How the backend is chosen"): `backend=` on the call, force_backend(), a
 per-op override, the tuning table, the configured default, the built-in order. Then the choice
 is made runnable: a node-aware candidate where the op has no node-aware form, or the group an
 uneven shape, runs flat; a backend that is missing or cannot run the call falls back to the

@@ -8,7 +8,7 @@ and the check must meet on one. The first mismatch stops the job with a message 
 rank's call. A skipped call shows up as a mismatch at the next call, or at `finalize()`, which
 is checked as a call of its own.
 
-Cost: one small gloo all-gather per collective (measured in the README).
+Cost: one small gloo all-gather per collective (how to measure it: docs/observability.md).
 """
 
 from __future__ import annotations

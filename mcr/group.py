@@ -53,12 +53,16 @@ class Group:
         # op runs on it; kept here for the same reason
         self.node_groups = None
 
-    def release(self) -> None:
-        """Drop the communicators (and those of its node groups): their threads end now."""
+    def release(self, free=None) -> None:
+        """Drop the communicators (and those of its node groups): their threads end now.
+        `free(backend name, communicator)`: hand each back to its library first."""
         if self.node_groups is not None:
-            self.node_groups.local.release()
-            self.node_groups.peers.release()
+            self.node_groups.local.release(free)
+            self.node_groups.peers.release(free)
             self.node_groups = None
+        if free is not None:
+            for name, comm in self.comms.items():
+                free(name, comm)
         self.comms.clear()
         self.ready.clear()  # call()'s cache holds the communicators too
 

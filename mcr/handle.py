@@ -36,6 +36,7 @@ class Handle:
         "record",
         "_log",
         "_check",
+        "error",
     )
     device = None  # a CPU op's; `mcr.streams.StreamHandle` says which GPU
 
@@ -45,6 +46,7 @@ class Handle:
         # after a test says done, raises the op's error before any finisher runs on its data
         # (a failed torch Work reads as completed: `from_torch_work`)
         self._check = check
+        self.error = None  # the op's failure, once seen: raised again by every later wait()
         self._keep = keep  # buffers that must outlive the op
         self._finishers = [finish] if finish is not None else []
         self.done = False
@@ -80,7 +82,8 @@ class Handle:
             if not self.done:
                 self._finishers.append(finish)
                 return self
-        finish()
+        if self.error is None:  # never on a failed op's data
+            finish()
         return self
 
     def stamp_done(self, entry) -> None:
@@ -106,11 +109,17 @@ class Handle:
         if not self.done:
             with self._lock:
                 if not self.done:
-                    if self.watch is None:
-                        self._wait()
-                    else:
-                        self.watch(self._wait, self._test, self)
+                    try:
+                        if self.watch is None:
+                            self._wait()
+                        else:
+                            self.watch(self._wait, self._test, self)
+                    except BaseException as exc:
+                        self._fail(exc)
+                        raise
                     self._complete()
+        if self.error is not None:
+            raise self.error
         return True
 
     def is_completed(self) -> bool:
@@ -119,11 +128,24 @@ class Handle:
             try:
                 if not self.done and self._test():
                     if self._check is not None:
-                        self._check()
+                        try:
+                            self._check()
+                        except BaseException as exc:
+                            self._fail(exc)
+                            raise
                     self._complete()
             finally:
                 self._lock.release()
         return self.done
+
+    def _fail(self, exc) -> None:
+        """The op failed: no finisher runs on its data, and it is over (no thread tests it again:
+        a progress thread would report again what its caller was told)."""
+        self.error = exc
+        self._finishers = ()
+        self._keep = None
+        self._wait = self._test = self._check = None
+        self.done = True
 
     def _complete(self):
         for finish in self._finishers:

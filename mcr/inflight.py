@@ -28,6 +28,21 @@ from threading import Lock
 SWEEP_FROM = 64  # past this many entries, test them all and drop every completed one
 
 
+class OpFailed(RuntimeError):
+    """An async op failed where no wait of its caller would name it (a sweep, the progress thread)."""
+
+
+def tested(handle) -> bool:
+    """`handle.is_completed()`, a failure naming its own op: a thread testing it is not that op's
+    caller, and the error must not read as the failure of whatever call it runs in."""
+    try:
+        return handle.is_completed()
+    except Exception as exc:
+        op = handle.op
+        what = f"{op[0]} on backend {op[1]} ({op[2]} bytes, group of {op[3]} ranks)" if op else "an async op"
+        raise OpFailed(f"{what} failed: {exc}") from exc
+
+
 class InFlight:
     def __init__(self):
         self._lock = Lock()
@@ -58,7 +73,7 @@ class InFlight:
                 self._driven.append(handle)
         if sweep:
             for handle in self.handles():
-                handle.is_completed()  # MPI_Test moves MPI's progress engine; finishers run here
+                tested(handle)  # MPI_Test moves MPI's progress engine; finishers run here
             with self._lock:
                 self._keep_pending()
                 self._sweep_at = max(SWEEP_FROM, 2 * len(self.entries))
@@ -100,7 +115,7 @@ class InFlight:
         while self.entries:
             for handle in self.handles():
                 handle.wait()
-                while not handle.is_completed():  # queued on a GPU, which has not run it yet
+                while not tested(handle):  # queued on a GPU, which has not run it yet
                     time.sleep(1e-4)
             self.forget_completed()
 
@@ -108,7 +123,7 @@ class InFlight:
         """Test every driven handle once, without blocking (MPI_Test moves MPI's progress)."""
         with self._lock:
             pending = list(self._driven)
-        done = {id(handle) for handle in pending if handle.is_completed()}
+        done = {id(handle) for handle in pending if tested(handle)}
         if done:
             with self._lock:
                 self._driven = [handle for handle in self._driven if id(handle) not in done]

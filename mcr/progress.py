@@ -29,19 +29,10 @@ import threading
 import time
 
 from . import threads
+from .inflight import tested
 
 MIN_PAUSE_S = 50e-6
 MAX_PAUSE_S = 1e-3
-
-
-def _completed(handle) -> bool:
-    """`handle.is_completed()`, with a failure naming the op (no caller's wait will name it)."""
-    try:
-        return handle.is_completed()
-    except Exception as exc:
-        op = handle.op
-        what = f"{op[0]} on backend {op[1]} ({op[2]} bytes, group of {op[3]} ranks)" if op else "an async op"
-        raise RuntimeError(f"{what} failed: {exc}") from exc
 
 
 class ProgressThread:
@@ -121,7 +112,7 @@ class ProgressThread:
             elif handle.completes_alone:  # gloo's send/recv complete only in their caller's wait
                 key = id(handle)
                 seen.add(key)
-                if key in self._seen and _completed(handle):
+                if key in self._seen and tested(handle):
                     completed = True
                 elif oldest is None:
                     oldest = handle

@@ -439,9 +439,9 @@ class Runtime:
     def _phase_missing(self, group):
         """The backends a node-aware op on `group` could not run its intra-node and its
         inter-node phases on (a GPU per rank needed, two ranks of such a group on one GPU)."""
-        layout = self.topology.layout(group.ranks) if group.nodes else None
         needy = [name for name, backend in self.backends.items() if backend.gpu_per_rank]
-        if layout is None or not needy:
+        layout = self.topology.layout(group.ranks) if needy and group.nodes else None
+        if layout is None:
             return frozenset(), frozenset()
         shared = self.topology.shared_gpu
         intra = any(shared(ranks) for ranks in layout.local)
@@ -685,5 +685,14 @@ class Runtime:
 
     def _release_groups(self) -> None:
         for group in self._groups:
-            group.release()
+            group.release()  # the backends, shut down, freed their communicators already
         self._groups.clear()
+
+    def release_group(self, group) -> None:
+        """A group whose user is done with it (torch destroyed its ProcessGroup): its collectives
+        in flight completed, then each backend's communicator handed back to its library, its
+        node groups' too. MPI frees its contexts: a job making and destroying groups would run
+        out of them (MPICH has a few thousand)."""
+        for comm in group.comms.values():
+            self.in_flight.complete_earlier(comm)
+        group.release(lambda name, comm: self.backends[name].release(comm))

@@ -122,7 +122,7 @@ class StreamHandle:
     entry and comm-log time are stamped then, not when the host let go of the op."""
 
     __slots__ = ("_inner", "_order", "_finished", "_lock", "done", "op", "group", "record", "_log")
-    __slots__ += ("completes_alone", "source")  # the inner handle's, kept past its release
+    __slots__ += ("completes_alone", "source", "error")  # the inner handle's, kept past its release
 
     def __init__(self, inner, order: StreamOrder, op, group, record=None, comm_log=None):
         self._inner, self._order = inner, order
@@ -130,6 +130,7 @@ class StreamHandle:
         self._lock = Lock()
         self.op, self.group, self.record, self._log = op, group, record, comm_log
         self.completes_alone, self.source = inner.completes_alone, inner.source
+        self.error = None  # the op's failure, once seen (as `Handle.error`)
 
     @property
     def device(self):
@@ -148,6 +149,8 @@ class StreamHandle:
             if not self._finished:
                 self._inner.then(finish)  # run by `_finish`, under the issuing stream
                 return self
+            if self.error is not None:  # never on a failed op's data
+                return self
             with self._order.on_stream():
                 finish()
                 self._order.mark_done()
@@ -160,6 +163,8 @@ class StreamHandle:
             with self._lock:
                 if not self._finished:
                     self._finish(waiting=True)
+        if self.error is not None:
+            raise self.error
         self._order.caller_waits()
         return True
 
@@ -183,12 +188,16 @@ class StreamHandle:
         """Under the lock: complete the backend's handle on the issuing stream (a library that
         orders streams makes it wait for the op; a failed op raises here, before any finisher)
         and mark the stream after its finishers. False where `waiting` is off and it is not done."""
-        with self._order.on_stream():
-            if waiting:
-                self._inner.wait()  # under the watchdog and rule 3 (the inner handle's watch)
-            elif not self._inner.is_completed():
-                return False
-            self._order.mark_done()
+        try:
+            with self._order.on_stream():
+                if waiting:
+                    self._inner.wait()  # under the watchdog and rule 3 (the inner handle's watch)
+                elif not self._inner.is_completed():
+                    return False
+                self._order.mark_done()
+        except BaseException as exc:  # over, failed: seen once, by whoever waited or tested
+            self.error, self._finished, self.done, self._inner = exc, True, True, None
+            raise
         self._finished = True
         return True
 

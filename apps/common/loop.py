@@ -86,11 +86,34 @@ class StepProfiler:
             self.profile = None
 
 
+class Cadence:
+    """The steps (counted from 1) at which a run that ends at `end` logs, evaluates and saves."""
+
+    def __init__(self, cfg, end: int):
+        self.cfg, self.end = cfg, end
+
+    def logs_at(self, step: int) -> bool:
+        """Every log_interval steps, at the run's end, and wherever it evaluates: an evaluation
+        goes on a metrics line, so one between two logging steps gets a line of its own."""
+        return step % self.cfg.log_interval == 0 or step == self.end or self.evaluates_at(step)
+
+    def evaluates_at(self, step: int) -> bool:
+        """Every eval_interval steps, and at the end of the schedule (not of a run cut short by
+        stop_after)."""
+        every = self.cfg.eval_interval
+        return bool(every and step % every == 0) or step == self.cfg.train.steps
+
+    def saves_at(self, step: int) -> bool:
+        every = self.cfg.checkpoint.interval
+        return self.cfg.checkpoint.enabled and ((every and step % every == 0) or step == self.end)
+
+
 class TrainLoop:
     """One run from `start` to its end: the throughput meter, the metrics log and the cadence."""
 
     def __init__(self, cfg, run_dir: str, start: int, fields, **per_step: float):
         self.cfg, self.start, self.end = cfg, start, end_step(cfg.train, start)
+        self.cadence = Cadence(cfg, self.end)
         warmup = max(1, (self.end - start) // 10)  # the first steps warm up; the summary skips them
         self.meter = Meter(warmup, **per_step)
         comm = cfg.comm
@@ -109,19 +132,6 @@ class TrainLoop:
             fields=fields,
         )
         self.wall_s = 0.0
-
-    def logs_at(self, step: int) -> bool:
-        return step % self.cfg.log_interval == 0 or step == self.end
-
-    def evaluates_at(self, step: int) -> bool:
-        """On a logged step: every eval_interval steps, and at the end of the schedule (not of a
-        run cut short by stop_after)."""
-        every = self.cfg.eval_interval
-        return (every and step % every == 0) or step == self.cfg.train.steps
-
-    def saves_at(self, step: int) -> bool:
-        every = self.cfg.checkpoint.interval
-        return self.cfg.checkpoint.enabled and ((every and step % every == 0) or step == self.end)
 
     def run(
         self,
@@ -148,16 +158,16 @@ class TrainLoop:
             seen += 1
             self.log.advance()
 
-            if self.logs_at(step):
+            if self.cadence.logs_at(step):
                 values = dict(zip(sums, all_ranks_mean([total / seen for total in sums.values()])))
                 values.update(self.meter.interval())
                 if lr is not None:
                     values["lr"] = lr()
-                if self.evaluates_at(step):
+                if self.cadence.evaluates_at(step):
                     values.update(evaluate())
                 self.log.write(step, **values)
                 sums, seen = {}, 0
-            if self.saves_at(step):
+            if self.cadence.saves_at(step):
                 tag = tag_for(step)
                 save(tag, step)
                 if dist.get_rank() == 0:  # save returned here once every rank's files were complete

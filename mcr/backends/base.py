@@ -139,6 +139,10 @@ class Backend:
         the group as `new_group` makes it, with `key` naming it in the store."""
         return self.new_group(key, list(ranks), group_rank, timeout)
 
+    def release(self, comm) -> None:
+        """A group's communicator its user is done with (`Runtime.release_group`); by default
+        dropping it is enough (torch's process groups end their threads when released)."""
+
     def abort(self):
         """End the whole job where the library can (MPI takes every rank down); the runtime
         then ends this process."""

@@ -231,6 +231,22 @@ class MPIBackend(Backend):
         self._comms.clear()
         self._twins.clear()
 
+    def release(self, comm) -> None:
+        """Free a released group's communicator and its twin (MPI_Comm_free: every member frees
+        it, as every member releases the group); the world's stays until shutdown."""
+        if comm is self.world or comm not in self._comms:
+            return
+        twin = self._twins.pop(id(comm), None)
+        for each in (twin, comm):
+            if each is not None:
+                self._comms.remove(each)
+                each.Free()
+
+    @property
+    def open_communicators(self) -> int:
+        """The communicators this backend holds (each an MPI context until freed)."""
+        return len(self._comms)
+
     def version(self) -> str:
         return self.MPI.Get_library_version().splitlines()[0].split(",")[0].strip()
 

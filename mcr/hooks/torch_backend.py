@@ -98,8 +98,12 @@ class RuntimeProcessGroup(dist.ProcessGroup):
         return BACKEND_NAME
 
     def shutdown(self):
+        """torch's destroy_process_group: the group's communicators go back to their libraries;
+        the default group that started the runtime finalizes it."""
         if self._owns_runtime and api.is_initialized():
             api.finalize()  # prints/writes the comm log when enabled
+        elif api.is_initialized() and self.mcr_group is not api.runtime().world:
+            api.runtime().release_group(self.mcr_group)
         self._owns_runtime = False
 
     def abort(self):

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from apps.common.config import ConfigError, load_config
-from apps.common.loop import end_step
+from apps.common.loop import Cadence, end_step
 from tests.ranks import REPO
 
 
@@ -59,3 +59,20 @@ def test_a_run_ends_at_train_steps_or_stop_after_steps_past_its_start():
     assert end_step(Train, 0) == 30
     Train.stop_after = 13
     assert (end_step(Train, 0), end_step(Train, 13), end_step(Train, 26)) == (13, 26, 30)
+
+
+def test_a_run_evaluates_every_eval_interval_steps_on_a_line_of_its_own_between_log_steps():
+    # eval_interval 5 with log_interval 2 evaluated at step 10 only: evaluation ran on log steps
+    from apps.moe.config import MoEConfig
+
+    def loaded(*overrides):
+        return load_config(MoEConfig, ["--config", os.path.join(REPO, "configs", "moe", "tiny.yaml"), *overrides])
+
+    cfg = loaded("train.steps=10", "log_interval=2", "eval_interval=5")
+    cadence = Cadence(cfg, end_step(cfg.train, 0))
+    steps = range(1, 11)
+    assert [s for s in steps if cadence.evaluates_at(s)] == [5, 10]
+    assert [s for s in steps if cadence.logs_at(s)] == [2, 4, 5, 6, 8, 10]
+    cadence = Cadence(loaded("train.steps=10", "eval_interval=0", "log_interval=4"), 10)
+    assert [s for s in steps if cadence.evaluates_at(s)] == [10]  # 0: at the end only
+    assert [s for s in steps if cadence.logs_at(s)] == [4, 8, 10]

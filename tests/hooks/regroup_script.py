@@ -5,7 +5,8 @@ reads the store first: a gloo rendezvous under the previous group's key reads ra
 there and hangs. (Under mpiexec the MPI communicator is made first and lines the ranks up, so
 the hang there is a race: 4 of 15 runs of three creations.) Each group also runs a node-aware
 all-reduce (on one node: its intra-node phase), whose node groups are made for that group and
-destroyed with it: the threads left at the end are those there were before the first group.
+destroyed with it: the threads left at the end are those there were before the first group, and
+under mpiexec the MPI communicators too (each is a context, and MPI has few).
 
     python -m launch.local -n 2 --launcher torchrun tests/hooks/regroup_script.py
 """
@@ -26,6 +27,8 @@ warm = torch.arange(3.0) + rank
 mcr.all_reduce(warm, backend="node:gloo+gloo")  # the world's node groups and any thread started once
 assert torch.equal(warm, torch.arange(3.0) * 2 + 1), warm.tolist()
 threads_before = len(os.listdir("/proc/self/task"))  # gloo's threads are not Python's
+mpi = mcr.runtime().backends.get("mpi")  # under mpiexec: a destroyed group frees its MPI contexts
+contexts_before = mpi.open_communicators if mpi is not None else None
 for again in range(8):
     if rank == 0:
         time.sleep(0.2)
@@ -43,5 +46,8 @@ gc.collect()
 # a destroyed group takes its communicators' threads along, its node groups' too
 threads_after = len(os.listdir("/proc/self/task"))
 assert threads_after == threads_before, f"threads: {threads_before} before the groups, {threads_after} after"
+if mpi is not None:
+    contexts_after = mpi.open_communicators
+    assert contexts_after == contexts_before, f"MPI communicators: {contexts_before} before, {contexts_after} after"
 print(f"rank {rank}: regroup OK", flush=True)
 dist.destroy_process_group()
