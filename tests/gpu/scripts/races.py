@@ -238,11 +238,9 @@ RACE = itertools.count(1)  # the race number k every seed of a race is drawn fro
 
 
 def mpi_cuda_aware(rt) -> tuple:
-    """(whether the runtime hands MPI device memory, why: its decision's reason where the backend
-    keeps one, else the library's name)."""
+    """(whether the runtime hands MPI device memory, why: the reason `mcr.backends.mpi_cuda` gave)."""
     mpi = rt.backends["mpi"]
-    decision = getattr(mpi, "cuda_decision", None)
-    return bool(mpi.cuda_aware), getattr(decision, "reason", None) or mpi.version()
+    return bool(mpi.cuda_aware), mpi.cuda_aware_reason
 
 
 def dtype_name(dtype) -> str:
