@@ -41,3 +41,10 @@ def test_every_op_on_nccl_alone_keeps_the_stream_rules_and_is_the_runtime_choice
     elsewhere = [row for row in rows if row[0] in CUDA_FAMILIES and row[1] != "nccl"]
     assert not elsewhere, f"CUDA ops the runtime did not run on NCCL: {elsewhere}"
     assert "rank 0: gpu finalize OK" in run.output and run.returncode == 0, run.output[-3000:]
+
+
+def test_an_nccl_op_the_gpu_has_not_run_stays_in_flight_and_unfinished_in_the_flight_record(run):
+    """Finding 12: NCCL's wait never blocks the host, so a runtime that forgot a blocking NCCL op
+    once it returned would let a hung one go unnamed by the watchdog and the flight recorder.
+    Breaks caught: not holding blocking CUDA ops in flight; stamping the entry done at return."""
+    assert_checks(run, "in-flight", {0: 4})

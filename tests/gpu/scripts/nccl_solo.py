@@ -8,6 +8,9 @@ On one rank an in-place op (all-reduce, broadcast) leaves its tensor as it was, 
 show there; the out-of-place ops (gathers, scatters, reduce-scatters, all-to-alls) copy into
 POISONed outputs, and the races show on those. There is no peer to send to.
 
+Then (finding 12) a blocking NCCL all-reduce queued behind 300 ms of GPU work: it must stay in
+flight, its flight-recorder entry not done, until the GPU has run it (label `in-flight`).
+
 Prints `rank 0: gpu LABEL OK N checks`, `COMMLOG 0 <json>` and `rank 0: gpu finalize OK`.
 """
 
@@ -39,6 +42,23 @@ for label, backend in ((nccl, nccl), ("auto", None)):
         if handle is not None:
             handle.wait()
     run_races(checks, label, gpu, large_avg(rank, [0], None, backend, LARGE_SLEEP_MS), "float32")
+
+if gpu.cuda:  # finding 12: an NCCL op the GPU has not run yet stays in flight, watched and recorded
+    from mcr.flight import DONE
+
+    torch.cuda._sleep(int(gpu.cycles_per_ms * 300))  # 300 ms of GPU work queued before the op
+    t = torch.ones(4, device=gpu.device)
+    mcr.all_reduce(t, backend="nccl")  # returns at once: NCCL queued it behind the sleep
+    entry = rt.recorder.entries[-1]
+    pending = [h for h in rt.in_flight.handles() if not h.is_completed() and h.op.backend == "nccl"]
+    checks.expect_true(
+        "in-flight", "a blocking NCCL op is in flight until the GPU ran it", len(pending) == 1, repr(pending)
+    )
+    checks.expect_true("in-flight", "its flight-recorder entry is not done yet", entry[DONE] == 0, repr(entry))
+    torch.cuda.synchronize()
+    done = all(h.is_completed() for h in pending)
+    checks.expect_true("in-flight", "once the GPU ran it, it completes", done, repr(pending))
+    checks.expect_true("in-flight", "and its entry is stamped done", entry[DONE] > 0, repr(entry))
 
 checks.report()
 rows = sorted({(r["op"], r["backend"], r["group_size"]) for r in rt.comm_log.rows()})
