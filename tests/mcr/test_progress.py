@@ -67,7 +67,7 @@ def test_a_caller_that_keeps_issuing_ops_does_not_hide_a_hung_one_from_the_watch
 def test_an_op_failing_where_nobody_waits_is_named():
     """The progress thread aborts the job with this message: no caller's wait would name the op."""
     from mcr.handle import Handle
-    from mcr.progress import _completed
+    from mcr.inflight import tested
     from mcr.runtime import OpCall
 
     def test():
@@ -78,7 +78,7 @@ def test_an_op_failing_where_nobody_waits_is_named():
     with pytest.raises(
         RuntimeError, match=r"all_reduce on backend mpi \(16 bytes, group of 2 ranks\) failed: peer gone"
     ):
-        _completed(handle)
+        tested(handle)
 
 
 @pytest.mark.parametrize("thread", ["1", "0"])
