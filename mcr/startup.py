@@ -41,12 +41,13 @@ class Started(NamedTuple):
 
 def start(cfg, info: launch_env.LaunchInfo, store=None, op_timeout_s=None) -> Started:
     """`op_timeout_s`: torch's process-group timeout, after which a gloo or nccl op raises
-    (default: the watchdog's); MPI has none."""
+    (default: the watchdog's, or torch's own where the watchdog is off); MPI has none."""
     backends, unavailable = {}, {}
     wanted = cfg.backend_names()
     netcheck.check_names(os.environ, spans_nodes=info.local_world_size < info.world_size)
     table = read_table(cfg)
-    timeout_s = op_timeout_s or cfg.watchdog_timeout_s
+    # a watchdog of 0 is off, not a zero timeout (gloo's groups then failed to form)
+    timeout_s = op_timeout_s or cfg.watchdog_timeout_s or dist.default_pg_timeout.total_seconds()
     start_backends(backends, unavailable, wanted, info, None, timeout_s, cfg)  # no store: they may give its address
     if store is None:
         store = make_store(info, backends.get("mpi"), unavailable.get("mpi"))
