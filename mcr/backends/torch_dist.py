@@ -219,6 +219,7 @@ class NcclBackend(TorchDistBackend):
         if not dist.is_nccl_available():
             raise BackendUnavailable("this torch build has no NCCL")
         super().__init__(store, rank, world_size, timeout_s)
+        self._made = []  # its groups, oldest first: shut down newest first, as torch does
 
     @classmethod
     def expected_devices(cls, gpu):
@@ -237,7 +238,20 @@ class NcclBackend(TorchDistBackend):
         opts._timeout = timeout
         pg = dist.ProcessGroupNCCL(store, group_rank, group_size, opts)
         pg.eager_connect_single_device(torch.device("cuda", torch.cuda.current_device()))
+        self._made.append(pg)
         return pg
+
+    def release(self, comm) -> None:
+        """ProcessGroupNCCL's own end, as torch's destroy_process_group calls it: left to the
+        destructor at exit, it warns that destroy_process_group() was not called, and its
+        watchdog, still polling, reported an 'unhandled system error' once on the GPU machine."""
+        if comm in self._made:
+            self._made.remove(comm)
+            comm.shutdown()
+
+    def shutdown(self):
+        while self._made:
+            self._made.pop().shutdown()
 
     def supports(self, family, dtype, reduce_op, device_type):
         return device_type == "cuda" and dtype in NCCL_DTYPES and (reduce_op is None or reduce_op in NCCL_REDUCE_OPS)

@@ -48,3 +48,12 @@ def test_an_nccl_op_the_gpu_has_not_run_stays_in_flight_and_unfinished_in_the_fl
     once it returned would let a hung one go unnamed by the watchdog and the flight recorder.
     Breaks caught: not holding blocking CUDA ops in flight; stamping the entry done at return."""
     assert_checks(run, "in-flight", {0: 4})
+
+
+def test_finalize_shuts_nccl_down_as_torch_destroy_process_group_does(run):
+    """Left to its destructor at exit, ProcessGroupNCCL warns that destroy_process_group() was not
+    called (every gpu-check step printed it before NcclBackend.shutdown), and its watchdog once
+    reported an 'unhandled system error' there."""
+    assert "rank 0: gpu finalize OK" in run.output, run.output[-3000:]
+    for sign in ("destroy_process_group() was not called", "NCCL error"):
+        assert sign not in run.output, run.output[-3000:]
