@@ -3,8 +3,9 @@
 1. Installs the wheels `make gpu-wheels` prepared that this Python lacks (into --site; mcr itself
    runs from the checkout).
 2. Starts the runtime once under mpiexec: which backends start, their versions, CUDA-aware MPI.
-3. Runs tests/gpu, a short tune and bench on CUDA at 2 ranks sharing the GPU, and the MoE tiny
-   preset on the GPU. Each step's output goes to runs/gpu-check/<time>/<step>.log; a step that
+3. Runs tests/gpu, a short tune and bench on CUDA at 2 ranks sharing the GPU, the same tune at
+   one rank (where NCCL runs), and the MoE tiny preset on the GPU on backend auto and on each
+   single backend. Each step's output goes to runs/gpu-check/<time>/<step>.log; a step that
    fails does not stop the others.
 4. Ends with a one-screen summary (also summary.txt there) and exits 0 only if every step passed.
 
@@ -34,7 +35,7 @@ NOTHING = r"(?!)"  # a step whose output has no line worth quoting in the summar
 class Step:
     name: str
     argv: list
-    timeout: int  # seconds; all together 470 s, so the check ends within 8 minutes
+    timeout: int  # seconds; all together 565 s, so the check ends within a 10-minute call
     quote: str = r"(.+)"  # the summary quotes the last output line this matches (group 1)
     status: str = "not run"
     seconds: float = 0.0
@@ -47,20 +48,29 @@ def plan(run_dir: str, device: str) -> list:
     ranks = [py, "-m", "launch.local", "-n", "2", "-m"]
     sweep = ["--device", device, "--ops", "all_reduce,all_gather,all_to_all", "--min-bytes", "1K"]
     sweep += ["--max-bytes", "4M", "--iters", "20", "--rounds", "1"]
-    table = os.path.join(run_dir, "tune.yaml")
+    table, table_one = os.path.join(run_dir, "tune.yaml"), os.path.join(run_dir, "tune-1-rank.yaml")
     tuned = ["--tuning", table] if os.path.exists(table) else []  # the auto column picks from it
-    moe = ["-m", "apps.moe", "--config", "configs/moe/tiny.yaml", f"out_dir={run_dir}"]
+    one_rank = [py, "-m", "launch.local", "-n", "1"]
+
+    def moe(backend):  # the tiny preset on one GPU; its run directory beside the logs
+        out = os.path.join(run_dir, "moe-tiny" if backend == "auto" else f"moe-tiny-{backend}")
+        argv = [*one_rank, "-m", "apps.moe", "--config", "configs/moe/tiny.yaml", f"out_dir={out}"]
+        return argv + [f"comm.backend={backend}"]
+
     return [
-        Step("start-up", [py, "-m", "launch.local", "-n", "1", "tests/gpu/check.py", "--probe"], 40, NOTHING),
+        Step("start-up", [*one_rank, "tests/gpu/check.py", "--probe"], 40, NOTHING),
         Step(
             "tests/gpu",
             [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu"],
-            160,
+            150,
             r"=* ?(\d+ \w+.*?) ?=*$",
         ),
-        Step("tune", ranks + ["mcr.tools.tune", *sweep, "--out", table], 75, r"(table: .*)"),
-        Step("bench", ranks + ["mcr.tools.bench", *sweep, *tuned], 75, NOTHING),
-        Step("moe tiny", [py, "-m", "launch.local", "-n", "1", *moe], 90, r"(done: .*)"),
+        Step("tune", ranks + ["mcr.tools.tune", *sweep, "--out", table], 45, r"(table: .*)"),
+        Step("bench", ranks + ["mcr.tools.bench", *sweep, *tuned], 45, NOTHING),
+        # one rank has the GPU to itself, so NCCL is a candidate beside staged MPI and gloo
+        Step("tune 1 rank", [*one_rank, "-m", "mcr.tools.tune", *sweep, "--out", table_one], 45, r"(table: .*)"),
+        Step("moe tiny", moe("auto"), 60, r"(done: .*)"),
+        *(Step(f"moe {backend}", moe(backend), 50, r"(done: .*)") for backend in ("nccl", "mpi", "gloo")),
     ]
 
 
@@ -188,7 +198,7 @@ def about_torch() -> dict:
 
 def summary(steps: list, about: dict, found: dict, run_dir: str) -> str:
     lines = [f"gpu-check summary ({run_dir})"]
-    lines += [f"  {s.name:<10} {s.status:<8} {s.seconds:5.0f} s  {s.note[:88]}" for s in steps]
+    lines += [f"  {s.name:<11} {s.status:<8} {s.seconds:5.0f} s  {s.note[:88]}" for s in steps]
     lines.append("  " + ", ".join(f"{key} {value}" for key, value in about.items()))
     backends, unavailable = found.get("backends", {}), found.get("unavailable", {})
     mpi = backends.get("mpi") or f"not started ({unavailable.get('mpi', 'see start-up.log')})"
@@ -221,7 +231,7 @@ def main() -> int:
         print(f"gpu-check: no GPU here ({sys.executable}: {has}); nothing installed, nothing run.")
         print(f"On a machine with one it would install what it lacks from {args.wheels}/ into {args.site}, then run:")
         for step in plan(run_dir, device):
-            print(f"  {step.name:<10} at most {step.timeout:3} s: {' '.join(step.argv[1:])}")
+            print(f"  {step.name:<11} at most {step.timeout:3} s: {' '.join(step.argv[1:])}")
         return 2
 
     os.makedirs(run_dir)
