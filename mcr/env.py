@@ -38,7 +38,7 @@ _FAMILIES = [
     ),
     ("srun", "SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS", None, "SLURM_STEP_ID"),
     ("cray-pals", "PMI_RANK", "PMI_LOCAL_RANK", "PMI_SIZE", "PMI_LOCAL_SIZE", "PALS_RANKID"),
-    ("mpich", "PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE", "MPI_LOCALNRANKS", None),
+    ("hydra", "PMI_RANK", "MPI_LOCALRANKID", "PMI_SIZE", "MPI_LOCALNRANKS", None),  # MPICH, Intel MPI
     ("pmix", "PMIX_RANK", "PMIX_LOCAL_RANK", "PMIX_SIZE", "PMIX_LOCAL_SIZE", None),
     ("env", "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", None),
 ]

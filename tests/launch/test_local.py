@@ -10,7 +10,8 @@ from launch import local
 HYDRA_BANNER = "HYDRA build details:\n    Version:                                 5.0.2\n"
 
 
-def test_open_mpi_gets_its_flags_from_the_real_mpiexec():
+def test_open_mpi_gets_its_flags_from_the_real_mpiexec(monkeypatch):
+    monkeypatch.delenv("MPIEXEC", raising=False)  # .venv's Open MPI, also under `make test-mpi`
     local.mpiexec_family.cache_clear()
     cmd = local.mpiexec_command(2, ["-m", "x"])
     assert local.mpiexec_family(cmd[0]) == "open-mpi", cmd
@@ -24,6 +25,7 @@ def test_hydra_gets_none_of_open_mpis_flags(tmp_path, monkeypatch):
     fake.write_text(f"#!/bin/sh\nprintf '{HYDRA_BANNER}'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.delenv("MPIEXEC", raising=False)
     monkeypatch.setattr(local.sys, "executable", "/nowhere/python")  # its folder holds no mpiexec
     local.mpiexec_family.cache_clear()
     cmd = local.mpiexec_command(3, ["script.py"], "-ppn 3")

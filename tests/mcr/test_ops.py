@@ -43,6 +43,9 @@ def test_every_op_matches_local_reference(nprocs, launcher, backends):
         assert found == backends and int(count) == expected_checks(int(r), nprocs, len(backends.split(","))), oks
     # every op and dtype runs where asked: 16-bit reductions on MPI too (mcr's own MPI ops), no fallback
     assert "cannot run" not in out, out[-3000:]
+    if launcher == "mpiexec":  # on the MPI asked for: `make test-mpi` runs this on MPICH and Intel MPI
+        library = os.environ.get("EXPECTED_MPI", "Open MPI")
+        assert f"backends mpi ({library}" in out, f"not on {library}:\n{out[-3000:]}"
 
 
 def test_torchrun_reports_mpi_unavailable_once():
