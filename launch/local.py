@@ -2,8 +2,8 @@
 
 Uses `mpiexec` from the environment when present (so the MPI backend is available), or the one
 $MPIEXEC names, with the flags it needs (Open MPI: root allowed, ranks may outnumber cores).
-`--launcher torchrun` starts the same job without an MPI world (gloo only). `--mpiexec-args` adds options of your own,
-for example to span nodes: `--mpiexec-args "--host node1:2,node2:2 -x PYTHONPATH"`.
+`--launcher torchrun` starts the same job without an MPI world (gloo only). `--mpiexec-args` adds
+options of your own, for example to span nodes: `--mpiexec-args "--host node1:2,node2:2 -x PYTHONPATH"`.
 """
 
 from __future__ import annotations

@@ -30,38 +30,39 @@ def med(samples):
     return sorted(samples)[len(samples) // 2] * 1e6
 
 
+def timed(samples, fn, *args):
+    started = time.perf_counter()
+    fn(*args)
+    samples.append(time.perf_counter() - started)
+
+
+def pinned(nbytes):
+    return torch.empty(nbytes // 4, pin_memory=True)
+
+
+def staged_round_trip(x, host):
+    """What staging does, without MPI: copy out, wait for it (the ready event), copy back, synchronize."""
+    host.copy_(x, non_blocking=True)
+    ev = torch.cuda.Event()
+    ev.record()
+    ev.synchronize()
+    x.copy_(host, non_blocking=True)
+    torch.cuda.synchronize(x.device)
+
+
 def copies(tag):
     dev = torch.device("cuda", 0)
     torch.cuda.set_device(dev)
     rows = []
     for n in SIZES:
         x = torch.randn(n // 4, device=dev)
-        buf = torch.empty(n // 4, pin_memory=True)
+        buf = pinned(n)
         alloc, fresh, reused, sync_only = [], [], [], []
         for _ in range(300):
-            t = time.perf_counter()
-            torch.empty(n // 4, pin_memory=True)
-            alloc.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            twin = torch.empty(n // 4, pin_memory=True)
-            twin.copy_(x, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record()
-            ev.synchronize()
-            x.copy_(twin, non_blocking=True)
-            torch.cuda.synchronize(dev)
-            fresh.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            buf.copy_(x, non_blocking=True)
-            ev = torch.cuda.Event()
-            ev.record()
-            ev.synchronize()
-            x.copy_(buf, non_blocking=True)
-            torch.cuda.synchronize(dev)
-            reused.append(time.perf_counter() - t)
-            t = time.perf_counter()
-            torch.cuda.synchronize(dev)
-            sync_only.append(time.perf_counter() - t)
+            timed(alloc, pinned, n)
+            timed(fresh, lambda x, n: staged_round_trip(x, pinned(n)), x, n)  # the twin allocated in the timing
+            timed(reused, staged_round_trip, x, buf)
+            timed(sync_only, torch.cuda.synchronize, dev)
         rows.append(
             f"{tag} {n:>8} B: pinned alloc {med(alloc):7.1f} us, staged round trip fresh {med(fresh):7.1f} us, reused {med(reused):7.1f} us, sync {med(sync_only):5.1f} us"
         )
