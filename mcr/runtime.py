@@ -629,10 +629,13 @@ class Runtime:
             waits.pop(thread, None)
 
     def op_error(self, op, group, exc):
-        return CommError(
+        error = CommError(
             f"rank {self.rank}: {op.family} on backend {op.backend} ({op.nbytes} bytes, group ranks "
             f"{list(group.ranks)}) failed: {exc}"
         )
+        if self.watchdog is not None:  # a SIGTERM while this error is reported still names the op
+            self.watchdog.failed = (op, exc)
+        return error
 
     # --- shutdown ------------------------------------------------------------------------------
     def finalize(self):

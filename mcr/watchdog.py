@@ -39,6 +39,7 @@ class Watchdog:
         self.timeout_s = timeout_s
         self.dump = dump  # dump(why): the flight recorder's, or None
         self.waits = {}
+        self.failed = None  # (what, exception) of the last op that failed: set as its error is raised
         self._first_seen = {}  # id(what) -> (what, time): holding `what` keeps its id unique
         self._stop = threading.Event()
         self._ending = threading.Lock()
@@ -122,8 +123,12 @@ class Watchdog:
                         f"{ended} while waiting {self._waited(wait):.1f} s in {op} on backend {backend} "
                         f"({nbytes} bytes, group of {group_size} ranks)\n"
                     )
-                if not waits:
-                    sys.stderr.write(f"{ended} outside any communication op\n")
+                if not waits:  # most often on its way out with the error of the op that failed last
+                    last = ""
+                    if self.failed is not None:
+                        (op, backend, nbytes, group_size), exc = self.failed
+                        last = f", after {op} on backend {backend} ({nbytes} bytes, group of {group_size} ranks) failed: {exc}"
+                    sys.stderr.write(f"{ended} outside any communication op{last}\n")
                 sys.stderr.flush()
                 if self.dump is not None:
                     self.dump("SIGTERM")

@@ -144,8 +144,20 @@ def test_a_killed_rank_ends_the_job_promptly_naming_where_its_peer_waited(launch
     # only from the launcher's SIGTERM, which the runtime turns into a line naming the op
     out = result.output
     by_error = f"rank 0: all_reduce on backend {backend}" in out and "rank 0 ended with CommError" in out
-    by_sigterm = re.search(rf"rank 0 was ended by SIGTERM .* in all_reduce on backend {backend}", out)
+    by_sigterm = re.search(rf"rank 0 was ended by SIGTERM .* (in|after) all_reduce on backend {backend}", out)
     assert by_sigterm if backend == "mpi" else by_error or by_sigterm, result.output[-3000:]
+
+
+def test_a_sigterm_while_a_failed_op_is_reported_still_names_that_op():
+    # rank 0's wait fails (gloo: connection closed); the launcher's SIGTERM lands while it reports
+    result, seconds = run_hang("kill", "slow-report", "gloo", launcher="torchrun", watchdog_s=120)
+    assert result.returncode != 0 and seconds < 60, (result.returncode, seconds, result.output[-3000:])
+    named = re.search(
+        r"rank 0 was ended by SIGTERM .* outside any communication op, after all_reduce on backend gloo "
+        r"\(16 bytes, group of 2 ranks\) failed: .*Connection closed by peer",
+        result.output,
+    )
+    assert named, result.output[-3000:]
 
 
 def test_a_rank_raising_aborts_the_job_while_its_peer_waits_in_mpi():

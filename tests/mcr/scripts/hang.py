@@ -4,7 +4,9 @@ hang.py FAULT WAIT BACKEND
   FAULT  hang: rank 1 sleeps, never issuing the op; kill: rank 1 is SIGKILLed; raise: rank 1
          raises an exception
   WAIT   op: rank 0 blocks in an all-reduce; async: rank 0 waits on an async all-reduce's
-         handle; finalize: rank 0 calls finalize()
+         handle; finalize: rank 0 calls finalize(); slow-report: as async, but rank 0's report
+         of the failed op is slowed, so the launcher's SIGTERM lands while it reports (a race
+         seen in CI)
 Rank 1 prints "fault at T" (time.time()) so a test can time the job's end from the fault, and
 rank 0 "waits at T" just before it starts the wait that never ends, to time the watchdog from.
 """
@@ -30,6 +32,15 @@ if rank == 1:
     if fault == "raise":
         raise RuntimeError("rank 1 fails on purpose")
     time.sleep(120)  # never issues the op below, never finalizes
+if wait == "slow-report":
+    report = sys.excepthook  # mcr's: prints the error, then aborts the job
+
+    def slow_report(*exc_info):
+        time.sleep(60)  # the launcher, seeing rank 1 dead, sends SIGTERM meanwhile
+        report(*exc_info)
+
+    sys.excepthook = slow_report
+    wait = "async"
 print(f"rank 0 waits at {time.time()}", flush=True)
 if wait == "finalize":
     mcr.finalize()
