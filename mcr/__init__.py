@@ -7,6 +7,7 @@ hugepages.request()  # before anything below imports torch and it allocates: tor
 
 
 from .api import (
+    abort,
     all_gather,
     all_gather_into_tensor,
     all_reduce,

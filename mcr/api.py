@@ -78,6 +78,16 @@ def finalize() -> None:
         _runtime = None
 
 
+def abort() -> None:
+    """End this rank's communication now, waiting for no op and no peer (torch's abort): ops in
+    flight are abandoned, gloo's and NCCL's connections close. For a rank about to exit or
+    re-raise after a failure; finalize() is the orderly end."""
+    global _runtime
+    if _runtime is not None:
+        rt, _runtime = _runtime, None
+        rt.abort()
+
+
 def dump_flight_record(directory=None):
     """Write this rank's flight record (its last ops, `mcr.flight`) into `directory` (default:
     flight_recorder_dir / MCR_FR_DIR) for `torchfrtrace DIR`; returns the file's path."""

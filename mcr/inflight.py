@@ -119,6 +119,18 @@ class InFlight:
                     time.sleep(1e-4)
             self.forget_completed()
 
+    def abandon(self, comm_ids=None) -> None:
+        """abort(): forget the collectives on the communicators of `comm_ids` (None: every op),
+        never waiting for them; their handles are the caller's alone (a wait fails as the aborted
+        library fails it)."""
+        with self._lock:
+            kept = [entry for entry in self.entries if comm_ids is not None and id(entry[0]) not in comm_ids]
+            self.entries.extend(kept)  # never empty while an op is kept (see _keep_pending)
+            for _ in range(len(self.entries) - len(kept)):
+                self.entries.popleft()
+            ids = {id(handle) for _, handle in kept}
+            self._driven = [handle for handle in self._driven if comm_ids is not None and id(handle) in ids]
+
     def test_driven(self) -> None:
         """Test every driven handle once, without blocking (MPI_Test moves MPI's progress)."""
         with self._lock:

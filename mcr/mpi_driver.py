@@ -57,12 +57,13 @@ class MPIDriver:
         finally:
             with self._lock:
                 self._waiting -= 1
-                if not self._waiting:
+                if not self._waiting and not self._stopped:  # a stop's wake stays set
                     self._wake.clear()
 
     def stop(self) -> None:
-        self._stopped = True
-        self._wake.set()
+        with self._lock:
+            self._stopped = True
+            self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
 

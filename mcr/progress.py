@@ -124,7 +124,9 @@ class ProgressThread:
     def _sleep_until_poked(self):
         self.idle = True
         self._wake.clear()
-        if self._runtime.in_flight.any_pending_alone():  # issued between the last pass and `idle`: go on
+        # stopped, or an op issued, between the last pass and `idle`: go on (a stop() whose wake
+        # this clear() undid would otherwise wait out its join's timeout)
+        if self._stopped or self._runtime.in_flight.any_pending_alone():
             self.idle = False
             return
         self._wake.wait()

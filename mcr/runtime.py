@@ -185,7 +185,7 @@ class Runtime:
     def abort_job(self):
         """End this rank now and, through MPI where it runs, the whole job."""
         for backend in self.backends.values():
-            backend.abort()
+            backend.end_job()
         os._exit(1)
 
     def _progress_thread(self, cfg):
@@ -675,6 +675,30 @@ class Runtime:
         # that then needs the GIL aborts the process ("terminate called without an active
         # exception", seen once in CI under torchrun). torch's destroy_process_group does the same.
         self._release_groups()
+
+    def abort(self) -> None:
+        """torch's abort: this rank stops communicating now. Ops in flight are abandoned, not
+        waited for; no closing barrier, log or record; the helper threads stop; every group's
+        communicators abort (gloo's and NCCL's close their connections; MPI has no local abort,
+        so its ops stay with the library until the process ends)."""
+        self.in_flight.abandon()
+        for thread in (self.progress, self._driver, self.watchdog):
+            if thread is not None:
+                thread.stop()
+        for group in reversed(self._groups):  # newest first, as torch aborts its groups
+            self._abort_comms(group)
+        self._groups.clear()
+
+    def abort_group(self, group) -> None:
+        """torch's abort of one group: its ops in flight abandoned, its communicators aborted."""
+        groups = [group] if group.node_groups is None else [group, group.node_groups.local, group.node_groups.peers]
+        self.in_flight.abandon({id(comm) for each in groups for comm in each.comms.values()})
+        self._abort_comms(group)
+        if group in self._groups:
+            self._groups.remove(group)
+
+    def _abort_comms(self, group) -> None:
+        group.release(lambda name, comm: self.backends[name].abort(comm))
 
     def release_at_exit(self) -> None:
         """The script ends without finalize() (`mcr.api` calls this at exit): destroy the groups

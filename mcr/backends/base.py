@@ -143,9 +143,14 @@ class Backend:
         """A group's communicator its user is done with (`Runtime.release_group`); by default
         dropping it is enough (torch's process groups end their threads when released)."""
 
-    def abort(self):
+    def end_job(self):
         """End the whole job where the library can (MPI takes every rank down); the runtime
         then ends this process."""
+
+    def abort(self, comm) -> None:
+        """torch's abort of one communicator: end its ops and connections now, waiting for no
+        peer. By default nothing: MPI has no local abort (MPI_Abort ends the job), so its ops
+        stay with the library."""
 
     def shutdown(self):
         pass

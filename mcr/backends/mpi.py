@@ -220,7 +220,7 @@ class MPIBackend(Backend):
         go out only from inside MPI calls)."""
         self._quiet.Iprobe(*self._any)
 
-    def abort(self):
+    def end_job(self):
         self.MPI.COMM_WORLD.Abort(1)
 
     def shutdown(self):

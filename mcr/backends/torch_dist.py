@@ -24,6 +24,9 @@ _CppBackend = torch._C._distributed_c10d.Backend
 _all_gather_single = getattr(_CppBackend, "all_gather_single", None) or _CppBackend._allgather_base
 _reduce_scatter_single = getattr(_CppBackend, "reduce_scatter_single", None) or _CppBackend._reduce_scatter_base
 
+# Aborted process groups, kept until the process ends (TorchDistBackend.abort)
+ABORTED = []
+
 
 class TorchDistBackend(Backend):
     p2p_completes_alone = True  # the library marks a send/recv Work done without a wait
@@ -51,6 +54,13 @@ class TorchDistBackend(Backend):
             return None
         store = dist.PrefixStore(f"{self.name}/{gid}/", self._store)
         return self._make_pg(store, group_rank, len(ranks), timeout or self._timeout)
+
+    def abort(self, comm) -> None:
+        """The ProcessGroup's own abort, as torch's _abort_process_group calls it. NCCL's ends
+        its ops in flight; gloo's ends none, and its destructor waits for them (up to the op
+        timeout), so an aborted group is kept, never destroyed while this process runs."""
+        comm.abort()
+        ABORTED.append(comm)
 
     @staticmethod
     def _handle_or_wait(work, async_op, keep=None):
@@ -248,6 +258,11 @@ class NcclBackend(TorchDistBackend):
         if comm in self._made:
             self._made.remove(comm)
             comm.shutdown()
+
+    def abort(self, comm) -> None:
+        if comm in self._made:
+            self._made.remove(comm)
+        comm.abort()
 
     def shutdown(self):
         while self._made:

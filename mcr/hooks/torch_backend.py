@@ -107,7 +107,12 @@ class RuntimeProcessGroup(dist.ProcessGroup):
         self._owns_runtime = False
 
     def abort(self):
-        self.shutdown()
+        """torch's _abort_process_group: tear down now, without waiting for ops in flight or peers."""
+        if self._owns_runtime and api.is_initialized():
+            api.abort()
+        elif api.is_initialized() and self.mcr_group is not api.runtime().world:
+            api.runtime().abort_group(self.mcr_group)
+        self._owns_runtime = False
 
     # --- coalescing: torch's `_coalescing_manager(group, device)` --------------------------------
     def _start_coalescing(self, device):

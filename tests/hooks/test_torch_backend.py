@@ -1,6 +1,7 @@
 """The torch.distributed backend "mcr" on 2 real ranks: every op, subgroups, DDP."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -88,6 +89,31 @@ def test_uncaught_exception_after_init_process_group_prints_its_traceback():
         assert f"rank {rank} uncaught after init_process_group" in result.output, result.output[-3000:]
         assert f"rank {rank} ended with AssertionError" in result.output, result.output[-3000:]
     assert result.output.count('raise_script.py", line 9, in <module>') == 2, result.output[-3000:]
+
+
+@pytest.mark.parametrize(
+    "launcher,backend,what",
+    [
+        ("torchrun", "gloo", "world"),
+        ("mpiexec", "mpi", "world"),
+        ("torchrun", "gloo", "group"),
+        ("mpiexec", "mpi", "group"),
+    ],
+)
+def test_abort_with_an_op_in_flight_returns_at_once_and_the_job_goes_on_or_ends(launcher, backend, what):
+    # rank 0 aborts with an all-reduce in flight that rank 1 never joins: torch's abort waits for
+    # neither; the watchdog's 30 s would end a job whose abort waited for the op
+    script = os.path.join(HERE, "abort_script.py")
+    result = run_script(2, script, backend, what, launcher=launcher, env={"MCR_WATCHDOG_TIMEOUT": "30"}, timeout=120)
+    assert result.returncode == 0, result.output[-3000:]
+    took = re.search(r"rank 0 aborted in ([0-9.]+) s", result.output)
+    assert took and float(took.group(1)) < 3, result.output[-3000:]
+    if what == "world":  # the runtime is gone and the process exits, its gloo op never joined
+        assert "mcr initialized after abort: False" in result.output, result.output[-3000:]
+        assert "rank 1 saw rank 0 abort" in result.output, result.output[-3000:]
+    else:  # the world's ops, torch's and mcr's, run after a subgroup's abort: (1 + 2) * 2 = 6
+        for rank in (0, 1):
+            assert f"rank {rank} after the group's abort: [6.0, 6.0]" in result.output, result.output[-3000:]
 
 
 @pytest.mark.parametrize("world", [2, 3])
