@@ -204,8 +204,8 @@ def _group_positions(backend_class):
 
 _POSITIONAL = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.POSITIONAL_ONLY)
 _TESTED_HINT = (
-    "the hook was tested with deepspeed>={0},<{1}: install one (pip install 'deepspeed>={0},<{1}') "
-    "or update mcr/hooks/deepspeed.py".format(*versions.TESTED["deepspeed"])
+    f"the hook was tested with {versions.pip_range('deepspeed')}: install one "
+    f"(pip install '{versions.pip_range('deepspeed')}') or update mcr/hooks/deepspeed.py"
 )
 
 

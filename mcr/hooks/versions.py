@@ -11,10 +11,12 @@ from __future__ import annotations
 import re
 import warnings
 
-# package: (lowest tested, first untested); the tested release and its later patch releases.
+# package: the ranges tested, oldest first, each (lowest tested, first untested): a tested release
+# and its later patch releases, or consecutive tested releases. A release between two ranges was
+# not tested (`make test`'s hooks and conformance tests, the README says how each was run).
 TESTED = {
-    "torch": ("2.13", "2.14"),
-    "deepspeed": ("0.19.8", "0.20"),
+    "torch": [("2.11", "2.12"), ("2.13", "2.15")],
+    "deepspeed": [("0.19.8", "0.20")],
 }
 
 
@@ -30,14 +32,20 @@ def release(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in match.group(0).split("."))
 
 
+def pip_range(package: str) -> str:
+    """The newest tested range as pip reads it, e.g. "torch>=2.13,<2.15"."""
+    low, high = TESTED[package][-1]
+    return f"{package}>={low},<{high}"
+
+
 def untested_message(package: str, version: str) -> str | None:
-    """The warning text when `version` of `package` is outside its tested range, else None."""
-    low, high = TESTED[package]
-    if release(low) <= release(version) < release(high):
+    """The warning text when `version` of `package` is outside its tested ranges, else None."""
+    if any(release(low) <= release(version) < release(high) for low, high in TESTED[package]):
         return None
+    ranges = " or ".join(f"{package}>={low},<{high}" for low, high in TESTED[package])
     return (
         f"mcr.hooks: {package} {version} is outside the versions the hooks were tested with "
-        f"({package}>={low},<{high}). Install a tested version (pip install '{package}>={low},<{high}'), "
+        f"({ranges}). Install a tested version (pip install '{pip_range(package)}'), "
         f"or run tests/hooks with {package} {version} and, if they pass, widen TESTED in mcr/hooks/versions.py."
     )
 
