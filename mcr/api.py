@@ -80,7 +80,7 @@ def finalize() -> None:
 
 def abort() -> None:
     """End this rank's communication now, waiting for no op and no peer (torch's abort): ops in
-    flight are abandoned, gloo's and NCCL's connections close. For a rank about to exit or
+    flight are abandoned and every group aborted (`Runtime.abort`). For a rank about to exit or
     re-raise after a failure; finalize() is the orderly end."""
     global _runtime
     if _runtime is not None:

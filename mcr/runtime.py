@@ -679,8 +679,8 @@ class Runtime:
     def abort(self) -> None:
         """torch's abort: this rank stops communicating now. Ops in flight are abandoned, not
         waited for; no closing barrier, log or record; the helper threads stop; every group's
-        communicators abort (gloo's and NCCL's close their connections; MPI has no local abort,
-        so its ops stay with the library until the process ends)."""
+        communicators abort (`Backend.abort`: NCCL's ops end, gloo's run out their timeout
+        unseen, MPI's stay with the library until the process ends)."""
         self.in_flight.abandon()
         for thread in (self.progress, self._driver, self.watchdog):
             if thread is not None:
