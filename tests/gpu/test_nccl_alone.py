@@ -14,6 +14,8 @@ all-to-alls) can show a race; the in-place ones still check their values and tha
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from tests.gpu.common import RACES_PER_OP, assert_checks, comm_log, launch, needs_gpu
@@ -57,3 +59,13 @@ def test_finalize_shuts_nccl_down_as_torch_destroy_process_group_does(run):
     assert "rank 0: gpu finalize OK" in run.output, run.output[-3000:]
     for sign in ("destroy_process_group() was not called", "NCCL error"):
         assert sign not in run.output, run.output[-3000:]
+
+
+def test_abort_returns_before_the_gpu_ran_the_nccl_op_in_flight():
+    """mcr.abort() (torch's _abort_process_group on backend mcr) with an NCCL all-reduce queued
+    behind 2 s of GPU work: ProcessGroupNCCL.abort, not a wait for the op, and the process exits."""
+    result = launch(1, "tests.gpu.scripts.nccl_abort", timeout=120)
+    assert result.returncode == 0, result.output[-3000:]
+    took = re.search(r"rank 0: abort took ([0-9.]+) s with 1 ops in flight", result.output)
+    assert took and float(took.group(1)) < 1.5, result.output[-3000:]
+    assert "rank 0: exits after abort; mcr initialized: False" in result.output, result.output[-3000:]
