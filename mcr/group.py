@@ -53,6 +53,13 @@ class Group:
         # op runs on it; kept here for the same reason
         self.node_groups = None
 
+    def communicators(self):
+        """Every communicator of the group, its node groups' too."""
+        yield from self.comms.values()
+        if self.node_groups is not None:
+            yield from self.node_groups.local.communicators()
+            yield from self.node_groups.peers.communicators()
+
     def release(self, free=None) -> None:
         """Drop the communicators (and those of its node groups): their threads end now.
         `free(backend name, communicator)`: hand each back to its library first."""

@@ -691,8 +691,7 @@ class Runtime:
 
     def abort_group(self, group) -> None:
         """torch's abort of one group: its ops in flight abandoned, its communicators aborted."""
-        groups = [group] if group.node_groups is None else [group, group.node_groups.local, group.node_groups.peers]
-        self.in_flight.abandon({id(comm) for each in groups for comm in each.comms.values()})
+        self.in_flight.abandon({id(comm) for comm in group.communicators()})
         self._abort_comms(group)
         if group in self._groups:
             self._groups.remove(group)

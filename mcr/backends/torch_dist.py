@@ -260,9 +260,9 @@ class NcclBackend(TorchDistBackend):
             comm.shutdown()
 
     def abort(self, comm) -> None:
-        if comm in self._made:
+        if comm in self._made:  # not shut down again at finalize
             self._made.remove(comm)
-        comm.abort()
+        super().abort(comm)
 
     def shutdown(self):
         while self._made:

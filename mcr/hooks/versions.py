@@ -32,9 +32,9 @@ def release(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in match.group(0).split("."))
 
 
-def pip_range(package: str) -> str:
-    """The newest tested range as pip reads it, e.g. "torch>=2.13,<2.15"."""
-    low, high = TESTED[package][-1]
+def pip_range(package: str, index: int = -1) -> str:
+    """A tested range as pip reads it (default: the newest), e.g. "torch>=2.13,<2.15"."""
+    low, high = TESTED[package][index]
     return f"{package}>={low},<{high}"
 
 
@@ -42,7 +42,7 @@ def untested_message(package: str, version: str) -> str | None:
     """The warning text when `version` of `package` is outside its tested ranges, else None."""
     if any(release(low) <= release(version) < release(high) for low, high in TESTED[package]):
         return None
-    ranges = " or ".join(f"{package}>={low},<{high}" for low, high in TESTED[package])
+    ranges = " or ".join(pip_range(package, i) for i in range(len(TESTED[package])))
     return (
         f"mcr.hooks: {package} {version} is outside the versions the hooks were tested with "
         f"({ranges}). Install a tested version (pip install '{pip_range(package)}'), "
