@@ -116,11 +116,12 @@ def _launcher(job: Job, exported: list[str]) -> str:
     s = job.system
     if s.scheduler == "slurm":
         words = ["srun", f"--mpi={s.srun_mpi}", "--kill-on-bad-exit=1", f"--cpus-per-task={s.cpus_per_task}"]
-    elif s.scheduler == "lsf":
+        words += ["--gpus-per-task=1"] if s.gpus_per_node else []  # each rank sees only its own GPU
+    elif s.scheduler == "lsf":  # one resource set per rank: its cores and its GPU, on one socket
         words = [
             "jsrun",
-            f"--nrs {job.nodes} --rs_per_host 1 --tasks_per_rs {s.ranks_per_node}",
-            f"--cpu_per_rs {s.ranks_per_node * s.cpus_per_task} --gpu_per_rs {s.gpus_per_node}",
+            f"--nrs {job.ranks} --rs_per_host {s.ranks_per_node} --tasks_per_rs 1",
+            f"--cpu_per_rs {s.cpus_per_task} --gpu_per_rs {1 if s.gpus_per_node else 0}",
             f"--bind packed:{s.cpus_per_task}",
         ]
     elif s.scheduler == "pbs":
@@ -147,7 +148,7 @@ def job_script(job: Job) -> str:
             'find "$TORCH_EXTENSIONS_DIR" -name lock -delete',
         ]
     module = job.module or f"apps.{job.app}"
-    trainer = [python, "-m", module, *job.args]
+    trainer = [*shlex.split(s.rank_wrapper), python, "-m", module, *job.args]
     lines = [
         "#!/bin/bash",
         *_directives(job),

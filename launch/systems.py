@@ -35,10 +35,11 @@ class System:
     account: str = ""  # SLURM --account, LSF -G (bank), PBS/Cobalt -A (project; required there)
     queue: str = ""  # SLURM --partition, LSF/PBS/Cobalt -q; empty: the scheduler's default
     ranks_per_node: int = 1  # tasks per node: one per GPU on GPU systems, any number on CPU nodes
-    gpus_per_node: int = 0  # GPUs to request per node (0: none requested)
+    gpus_per_node: int = 0  # GPUs per node, one per rank (0: none requested)
     cpus_per_task: int = 1  # cores per rank; also each rank's thread count
     srun_mpi: str = "pmix"  # `srun --mpi=`: pmix for Open MPI 5, pmi2 for MPICH/MVAPICH
-    launcher_args: str = ""  # added to srun/jsrun/mpirun/mpiexec, e.g. jsrun --smpiargs="-gpu" with a CUDA-hooked MPI
+    launcher_args: str = ""  # added to srun/jsrun/mpirun/mpiexec, e.g. the MPI's GPU switch (jsrun --smpiargs="-gpu")
+    rank_wrapper: str = ""  # a command each rank runs the trainer through, e.g. a per-rank CUDA_VISIBLE_DEVICES script
     node_resources: str = ""  # PBS: appended to `-l select=N`, e.g. ":system=polaris"
     directives: list = field(default_factory=list)  # extra scheduler lines, e.g. ["-l filesystems=home:eagle"]
     preamble: list = field(default_factory=list)  # shell lines: module loads, venv/conda activation
@@ -76,6 +77,11 @@ def load_system(name_or_path: str, **overrides) -> System:
     for key, least in (("ranks_per_node", 1), ("gpus_per_node", 0), ("cpus_per_task", 1)):
         if cfg[key] < least:
             raise LaunchError(f"bad value {cfg[key]} for key {key!r} in {path}: must be >= {least}")
+    if cfg.gpus_per_node not in (0, cfg.ranks_per_node):  # the scripts give each rank one GPU
+        raise LaunchError(
+            f"bad value {cfg.gpus_per_node} for key 'gpus_per_node' in {path}: "
+            f"0 or ranks_per_node ({cfg.ranks_per_node}), one rank per GPU"
+        )
     if cfg.scheduler in ("pbs", "cobalt") and not cfg.account:
         raise LaunchError(
             f"system {cfg.name or path!r}: {cfg.scheduler} jobs need a project to charge; "

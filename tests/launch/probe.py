@@ -4,7 +4,8 @@ Run by job scripts: `python -m tests.launch.probe [backends=B] [key=value ...]` 
 other overrides a job script appends for trainers, out_dir= and name=, are ignored). Every rank
 all-gathers (rank, local rank, local world size, world size from the launcher's view), its
 hostname and the rendezvous address its runtime really used (the store behind gloo), rendezvousing
-at the MASTER_ADDR/PORT the job script exported; rank 0 prints them, one line per rank.
+at the MASTER_ADDR/PORT the job script exported; rank 0 prints them, one line per rank. Every rank
+also prints the GPU variables it was started with (its GPU, its MPI's GPU switch).
 """
 
 import os
@@ -17,6 +18,7 @@ import mcr
 from mcr.env import discover, threads_per_rank
 
 WIDTH = 64  # bytes for each rank's hostname and rendezvous address
+GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "OMPI_MCA_pml_pami_enable_cuda", "MPICH_GPU_SUPPORT_ENABLED", "MV2_USE_CUDA")
 
 
 def encoded(text: str) -> torch.Tensor:
@@ -29,6 +31,7 @@ def decoded(t: torch.Tensor) -> str:
 
 overrides = dict(arg.split("=", 1) for arg in sys.argv[1:])
 info = discover()
+print(f"probe: rank {info.rank} gpu env", *(f"{key}={os.environ.get(key, '')}" for key in GPU_VARIABLES), flush=True)
 rt = mcr.init(backends=overrides.get("backends", "gloo"))
 n = mcr.get_world_size()
 mine = torch.tensor([info.rank, info.local_rank, info.local_world_size, n], dtype=torch.int64)

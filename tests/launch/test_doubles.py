@@ -4,11 +4,13 @@
 The doubles set what the real systems document (LSB_*, JSM_NAMESPACE_*, PBS_NODEFILE, PMI_*,
 COBALT_NODEFILE, OMPI_COMM_WORLD_*) for 2 "nodes" x 2 ranks on this host; the ranks run
 tests/launch/probe.py, which discovers its place with mcr.env and all-gathers it over gloo at
-the rendezvous the script exported. Only the product's code decides ranks and addresses.
+the rendezvous the script exported. Only the product's code decides ranks and addresses. Each
+rank also shows the GPU settings it started with: its GPU and its MPI's GPU switch.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -27,7 +29,7 @@ DOUBLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "doubles")
 def test_rank_discovery_end_to_end_under_scheduler_test_doubles(system, launcher, tmp_path, monkeypatch):
     s = load_system(system, account="proj1")
     s.preamble = [f"export PATH={DOUBLES}:{os.path.dirname(sys.executable)}:$PATH"]  # instead of module/conda
-    s.ranks_per_node, s.gpus_per_node, s.cpus_per_task = 2, 0, 3
+    s.ranks_per_node, s.gpus_per_node, s.cpus_per_task = 2, 2, 3
     job = Job(s, 2, 600, str(tmp_path / "job"), "probe", "probe", [], module="tests.launch.probe")
     monkeypatch.setenv("PATH", DOUBLES + os.pathsep + os.environ["PATH"])
     monkeypatch.setenv("SCHEDULER_DOUBLE_STATE", str(tmp_path))
@@ -44,3 +46,21 @@ def test_rank_discovery_end_to_end_under_scheduler_test_doubles(system, launcher
     assert f"probe: launcher {launcher}; master {socket.gethostname()}:{port}" in text
     assert "probe: threads 3 (the trainers' rule)" in text  # thread counts from the CPUs per task
     assert os.path.isdir(os.path.join(job.job_dir, f"probe-{job_id}"))  # the run dir named with the job id
+
+    # what each rank was started with: one GPU and its cores, and the MPI's GPU switch
+    gpu_env = dict(re.findall(r"probe: rank (\d+) gpu env (.*)", text))
+    assert sorted(gpu_env) == ["0", "1", "2", "3"], text
+    tool = {"lsf": "jsrun", "pbs": "mpiexec", "cobalt": "mpirun"}[s.scheduler]
+    with open(tmp_path / f"{tool}.args") as f:
+        given = " ".join(json.loads(f.readline()))
+    if system == "lassen":  # a resource set per rank with its GPU; -gpu turns on Spectrum MPI's CUDA path
+        assert "--rs_per_host 2 --tasks_per_rs 1 --cpu_per_rs 3 --gpu_per_rs 1 --bind packed:3" in given
+        assert "--smpiargs=-gpu" in given
+        assert all("OMPI_MCA_pml_pami_enable_cuda=1" in seen for seen in gpu_env.values())
+    elif system == "polaris":  # cores by depth; the wrapper gives local rank r GPU 3 - r (ALCF's order)
+        assert "--depth 3 --cpu-bind depth launch/gpu_affinity_polaris.sh" in given
+        for rank, seen in gpu_env.items():
+            assert f"CUDA_VISIBLE_DEVICES={3 - int(rank) % 2}" in seen and "MPICH_GPU_SUPPORT_ENABLED=1" in seen
+    else:  # mpirun forwards the MVAPICH2-GDR switch to every node
+        assert "-x MV2_USE_CUDA" in given
+        assert all("MV2_USE_CUDA=1" in seen for seen in gpu_env.values())

@@ -57,15 +57,18 @@ def test_slurm_cpu_system_asks_for_no_gpus_and_no_partition_unless_given():
     assert "#SBATCH --partition=short" in script("local", queue="short")
     gpu = script("slurm-gpu", queue="gpu")
     assert "#SBATCH --gpus-per-node=8" in gpu and "#SBATCH --account=proj1" in gpu and "#SBATCH --time=1:30:00" in gpu
-    assert "srun --mpi=pmix --kill-on-bad-exit=1 --cpus-per-task=8 " in gpu
+    assert "srun --mpi=pmix --kill-on-bad-exit=1 --cpus-per-task=8 --gpus-per-task=1 " in gpu  # a GPU per rank
+    assert "--gpus-per-task" not in script("local")
 
 
-def test_lassen_uses_bsub_and_jsrun_with_the_bank_and_no_gpu_smpiargs():
+def test_lassen_uses_bsub_and_jsrun_with_the_bank_a_resource_set_per_gpu_and_gpu_smpiargs():
     text = script("lassen", account="mybank")
     assert "#BSUB -G mybank" in text and "#BSUB -W 1:30" in text and "#BSUB -nnodes 2" in text
-    assert "jsrun --nrs 2 --rs_per_host 1 --tasks_per_rs 4 --cpu_per_rs 32 --gpu_per_rs 4 --bind packed:8" in text
-    assert "smpiargs" not in text.split("jsrun", 1)[1]
-    assert "conda activate mcr-dl" in text
+    launch = text.split("\njsrun ", 1)[1]
+    assert launch.startswith(
+        '--nrs 8 --rs_per_host 4 --tasks_per_rs 1 --cpu_per_rs 10 --gpu_per_rs 1 --bind packed:10 --smpiargs="-gpu" '
+    )
+    assert "\nmodule load gcc/8.3.1 cuda/11.8.0 spectrum-mpi\n" in text and "conda activate mcr-dl" in text
 
 
 def test_thetagpu_cobalt_charges_the_project_and_runs_mpirun_on_the_node_file():
@@ -73,13 +76,29 @@ def test_thetagpu_cobalt_charges_the_project_and_runs_mpirun_on_the_node_file():
     assert "#COBALT -A proj1" in text and "#COBALT -t 90" in text
     assert 'mpirun -np 16 -npernode 8 --hostfile "$COBALT_NODEFILE" -x PATH' in text
     assert "-x MASTER_PORT" in text and "-x TORCH_EXTENSIONS_DIR" in text
+    assert "\nMV2_USE_CUDA=1\n" in text and "-x MV2_USE_CUDA " in text  # MVAPICH2-GDR's GPU switch, on every node
 
 
-def test_polaris_pbs_uses_select_walltime_and_mpiexec():
+def test_polaris_pbs_uses_select_walltime_mpiexec_a_gpu_per_rank_and_cray_mpich_gpu_support():
     text = script("polaris")
     assert "#PBS -l select=2:system=polaris" in text and "#PBS -l walltime=1:30:00" in text
     assert "#PBS -A proj1" in text and "#PBS -l filesystems=home:eagle" in text
-    assert "mpiexec -n 8 --ppn 4 --depth 8 --cpu-bind depth" in text
+    assert (
+        "\nmpiexec -n 8 --ppn 4 --depth 8 --cpu-bind depth launch/gpu_affinity_polaris.sh python -m apps.moe " in text
+    )
+    assert "\nMPICH_GPU_SUPPORT_ENABLED=1\n" in text and "\nmodule load conda craype-accel-nvidia80\n" in text
+
+
+def test_polaris_gpu_wrapper_gives_each_local_rank_one_gpu_in_alcfs_reverse_order():
+    wrapper = os.path.join(REPO, "launch", "gpu_affinity_polaris.sh")
+    seen = []
+    for local_rank in range(5):
+        env = {"PATH": os.environ["PATH"], "PMI_LOCAL_RANK": str(local_rank)}
+        proc = subprocess.run(
+            [wrapper, "sh", "-c", "echo $CUDA_VISIBLE_DEVICES"], env=env, capture_output=True, text=True
+        )
+        seen.append(proc.stdout.strip())
+    assert seen == ["3", "2", "1", "0", "3"]
 
 
 def test_every_script_sets_up_the_environment_the_trainers_read():
@@ -124,6 +143,7 @@ def test_a_system_naming_the_fast_interface_sends_gloo_nccl_and_open_mpi_over_it
         ("scheduler: slurm\ncpus_per_task: two\n", "bad value for key 'cpus_per_task' in .*: Value 'two'"),
         ("scheduler: slurm\nsrun_mpi: pmi3\n", "choose one of pmix, pmi2, none"),
         ("scheduler: pbs\n", "pbs jobs need a project to charge; give --account"),
+        ("ranks_per_node: 4\ngpus_per_node: 8\n", "bad value 8 for key 'gpus_per_node' in .*: 0 or ranks_per_node"),
     ],
 )
 def test_bad_system_files_are_clear_errors(tmp_path, content, message):

@@ -7,9 +7,13 @@ script at once with the environment the scheduler documents (LSB_JOBID, LSB_DJOB
 PBS_JOBID, PBS_NODEFILE, COBALT_JOBID, COBALT_NODEFILE; "nodes" are this host under two names)
 and print the job id the way the real one does; the rank launchers start the ranks locally
 with the variables the real launcher sets (JSM_NAMESPACE_*, PMI_* and PALS_*, OMPI_COMM_WORLD_*),
-so the product's rank discovery runs end to end. Dispatches on the name it is called by.
+so the product's rank discovery runs end to end. jsrun's --smpiargs="-gpu" sets what Spectrum
+MPI's -gpu sets in each rank (OMPI_MCA_pml_pami_enable_cuda=1). Each tool appends the arguments
+it was given, one JSON list a line, to <tool>.args in the state directory. Dispatches on the
+name it is called by.
 """
 
+import json
 import os
 import re
 import socket
@@ -113,14 +117,17 @@ def command_after(argv, takes_value: set) -> list:
 
 def jsrun(argv):
     nrs, tasks = int(option(argv, "--nrs")), int(option(argv, "--tasks_per_rs"))
+    per_node = int(option(argv, "--rs_per_host")) * tasks
     takes = {"--nrs", "--rs_per_host", "--tasks_per_rs", "--cpu_per_rs", "--gpu_per_rs", "--bind"}
     world = nrs * tasks
+    smpiargs = [arg.split("=", 1)[1].split() for arg in argv if arg.startswith("--smpiargs=")]
+    gpu = {"OMPI_MCA_pml_pami_enable_cuda": "1"} if any("-gpu" in args for args in smpiargs) else {}
 
     def env(rank, local, node):
         return {"JSM_NAMESPACE_RANK": str(rank), "JSM_NAMESPACE_LOCAL_RANK": str(local),
-                "JSM_NAMESPACE_SIZE": str(world), "JSM_NAMESPACE_LOCAL_SIZE": str(tasks)}  # fmt: skip
+                "JSM_NAMESPACE_SIZE": str(world), "JSM_NAMESPACE_LOCAL_SIZE": str(per_node), **gpu}  # fmt: skip
 
-    return start_ranks(world, tasks, command_after(argv, takes), env, dict(os.environ))
+    return start_ranks(world, per_node, command_after(argv, takes), env, dict(os.environ))
 
 
 def mpiexec(argv):  # Cray PALS, as on ALCF's PBS systems
@@ -148,4 +155,6 @@ def mpirun(argv):  # Open MPI: other nodes see only the variables named with -x
 
 if __name__ == "__main__":
     tool = os.path.basename(sys.argv[0])
+    with open(os.path.join(STATE, f"{tool}.args"), "a") as f:
+        f.write(json.dumps(sys.argv[1:]) + "\n")
     sys.exit({"bsub": bsub, "qsub": qsub, "jsrun": jsrun, "mpiexec": mpiexec, "mpirun": mpirun}[tool](sys.argv[1:]))
