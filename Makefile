@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+GPU_STAMP := $(VENV)/.installed-gpu
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 export WANDB_MODE ?= offline
@@ -11,10 +12,21 @@ export WANDB_MODE ?= offline
 # rebuild over each other or wait on each other's lock (~/.cache/torch_extensions is shared)
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
 BUILD_DS_OPS := from deepspeed.accelerator import get_accelerator as a; [a().create_op_builder(n).load() for n in ('FusedAdamBuilder', 'ShareMemCommBuilder')]
+BUILD_DS_CUDA_OPS := from deepspeed.accelerator import get_accelerator as a; a().create_op_builder('FusedAdamBuilder').load()
+HAS_CUDA_TOOLKIT := import sys; from torch.utils.cpp_extension import CUDA_HOME; sys.exit(CUDA_HOME is None)
+# `make setup` installs the CPU set (requirements.txt), or the CUDA set (requirements-gpu.txt) where
+# nvidia-smi sees a GPU; GPU=1 or GPU=0 decides instead.
+ifeq ($(origin GPU),undefined)
+GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1 || echo 0)
+endif
+ifeq ($(filter 0 1,$(GPU)),)
+$(error GPU=$(GPU): give GPU=1 (the CUDA set) or GPU=0 (the CPU set))
+endif
 
 .PHONY: setup run test lint bench tune compare clean slurm-deps conformance gpu-wheels gpu-check test-mpi
 
 $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
+	test ! -e $(GPU_STAMP) || { echo "$(VENV) holds the CUDA set: make clean first, or make setup GPU=1"; exit 2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.txt
 	# torchrec's declared dependency pulls the GPU fbgemm-gpu, which breaks the CPU import
@@ -24,7 +36,21 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH DS_ACCELERATOR=cpu $(PY) -c "$(BUILD_DS_OPS)"
 	touch $(STAMP)
 
-setup: $(STAMP)
+$(GPU_STAMP): requirements.txt requirements-gpu.txt requirements-nodeps.txt pyproject.toml
+	test ! -e $(STAMP) || { echo "$(VENV) holds the CPU set: make clean first, or make setup GPU=0"; exit 2; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# requirements.txt less fbgemm-gpu-cpu, plus the CUDA fbgemm-gpu: one file of pins for both sets
+	grep -v '^fbgemm-gpu-cpu==' requirements.txt | \
+		$(PY) -m pip install -q --disable-pip-version-check -r /dev/stdin -r requirements-gpu.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	# DeepSpeed's CUDA op, JIT-built here against torch's CUDA (DeepSpeed refuses an nvcc of another
+	# major version). Without a toolkit it stays unbuilt: on CUDA the trainers use torch's AdamW.
+	if $(PY) -c "$(HAS_CUDA_TOOLKIT)"; then PATH=$(CURDIR)/$(VENV)/bin:$$PATH DS_ACCELERATOR=cuda $(PY) -c "$(BUILD_DS_CUDA_OPS)"; \
+	else echo "no CUDA toolkit (nvcc): DeepSpeed's CUDA ops left unbuilt; the trainers need none"; fi
+	touch $(GPU_STAMP)
+
+setup: $(if $(filter 1,$(GPU)),$(GPU_STAMP),$(STAMP))
 
 run: setup
 	$(PY) -m launch.local -n 2 -m apps.moe --config configs/moe/default.yaml

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from .checkpoint import CheckpointConfig
 from .comm import CommConfig, check_comm
 from .config import check
+from .device_check import check_device, rank_capability
 from .schema import choice
 
 
@@ -48,7 +49,8 @@ class TrainerConfig:
 
 
 def check_trainer(cfg) -> None:
-    """The checks of the fields `TrainerConfig` and `TrainConfig` declare, for every app."""
+    """The checks of the fields `TrainerConfig` and `TrainConfig` declare, for every app, then
+    what this rank's device rules out (apps.common.device_check)."""
     t, c = cfg.train, cfg.checkpoint
     check(t.steps >= 1, "train.steps", f"must be >= 1 (optimizer steps to train), got {t.steps}")
     check(t.lr > 0, "train.lr", f"must be > 0 (the optimizer's learning rate), got {t.lr}")
@@ -61,3 +63,4 @@ def check_trainer(cfg) -> None:
     check(c.interval >= 0, "checkpoint.interval", f"must be >= 0 (0: save only at the end), got {c.interval}")
     check(c.keep >= 0, "checkpoint.keep", f"must be >= 0 (0: keep every checkpoint), got {c.keep}")
     check_comm(cfg.comm)
+    check_device(cfg, rank_capability())  # what this rank's GPU (or its lack of one) rules out

@@ -193,7 +193,8 @@ def main(argv=None) -> dict:
     torch.set_num_threads(cfg.train.threads or threads_per_rank(launch.local_world_size))
     t = cfg.train
     cuda = torch.cuda.is_available()
-    device = torch.device(f"cuda:{launch.local_rank}") if cuda else torch.device("cpu")
+    # % count: a launcher that shows each rank only its own GPU (srun --gpus-per-task, a wrapper) leaves one
+    device = torch.device("cuda", launch.local_rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
     if cuda:
         torch.cuda.set_device(device)
 
