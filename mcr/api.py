@@ -15,6 +15,7 @@ import torch
 
 from . import config as config_mod
 from . import env as launch_env
+from .group import route_key
 from .handle import Handle
 from .ops import REDUCE_OPS, ReduceOp
 from .runtime import Runtime
@@ -200,17 +201,28 @@ def _average(name, tensor, op, group_size):
     return "sum", lambda t=tensor: t.div_(group_size)
 
 
+def _agreed_bytes(rt, family, group, nbytes) -> int:
+    """Where message sizes legitimately differ across ranks (uneven all-to-all), the choice is
+    made on the largest size in the group (mixing rule 1), which every rank learns through one
+    small all-reduce. It is skipped when the choice for this op cannot depend on the size."""
+    if not rt.router.depends_on_size(family, group):
+        return nbytes
+    size = torch.tensor([nbytes], dtype=torch.int64)
+    rt.call("all_reduce", "all_reduce", 8, group, size, None, False, (size, "max"), "max")
+    return int(size.item())
+
+
 # --- collectives -------------------------------------------------------------------------------
 # Each op checks its arguments and sizes its message (the nbytes it passes), then hands the rest
-# to Runtime.call: choose the backend, run the backend's method of the given name, post-step.
+# to Runtime.call: route the call, run the backend's method of the given name, post-step.
 def all_reduce(tensor, op=_SUM, group=None, async_op=False, backend=None):
     # the hot path (configs/tuning/vm-n2-bench-hotpath.txt): _start and a SUM's _average inlined,
-    # and a SUM whose route is ready runs or issues it directly (under Runtime.call's key for it:
-    # a key that misses only takes the long way)
+    # and a SUM whose route is ready runs or issues it directly (under Runtime.call's key for it,
+    # `route_key`: a key that misses only takes the long way)
     rt = _runtime or runtime()
     g = rt.world if group is None else group
     if op is _SUM and rt.direct and type(tensor) is _Tensor and tensor.is_contiguous():
-        ready = g.ready.get(("all_reduce", tensor.nbytes, tensor.dtype, tensor.is_cuda, backend, "sum", rt._forced))
+        ready = g.routes.get(route_key("all_reduce", tensor.nbytes, tensor, backend, "sum", rt.router.forced))
         if ready is not None and ready[1] is not None:
             return ready[2](g, (tensor, "sum")) if async_op else ready[1](g, (tensor, "sum"))
     if type(tensor) is not torch.Tensor or not tensor.is_contiguous():  # the full check only off the hot path
@@ -316,7 +328,7 @@ def all_to_all_single(
     _check_splits("output", output, output_split_sizes, g.size)
     nbytes = input.nbytes  # the input
     if input_split_sizes or output_split_sizes:
-        nbytes = rt.agreed_bytes("all_to_all", g, nbytes)  # uneven: local sizes differ by rank
+        nbytes = _agreed_bytes(rt, "all_to_all", g, nbytes)  # uneven: local sizes differ by rank
     out_splits = list(output_split_sizes) if output_split_sizes else None
     in_splits = list(input_split_sizes) if input_split_sizes else None
     args = (output, input, out_splits, in_splits)
@@ -376,7 +388,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
         )
     # Sizes may differ by rank even where this rank's blocks are all one size (its peers' need
     # not be), so every rank agrees; agreed_bytes costs nothing where the choice ignores the size.
-    nbytes = rt.agreed_bytes("all_to_all", g, nbytes)
+    nbytes = _agreed_bytes(rt, "all_to_all", g, nbytes)
     args = (output_tensor_list, input_tensor_list)
     return rt.call("all_to_all", "all_to_all", nbytes, g, input_tensor_list[0], backend, async_op, args)
 

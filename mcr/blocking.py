@@ -1,14 +1,14 @@
 """A blocking op's run, prepared once per route: the hot path.
 
 `Runtime.call` runs every blocking op through a closure made here and cached with its route on
-the group (`Group.ready`); a chunked op makes one per chunk size, and `Runtime.run` one per call
+the group (`Group.routes`); a chunked op makes one per chunk size, and `Runtime.run` one per call
 for the runtime's own steps (node-aware phases, finalize's barriers). The closure does, in order:
 
   1. opens the op's flight-recorder entry (ops of a route only; stamped done at the end);
   2. completes the async collectives issued earlier on the same communicator (`InFlight`);
   3. registers the op with the watchdog for this thread;
   4. runs the backend's method, keeping MPI moving meanwhile where rule 3 asks it
-     (`mcr.runtime`'s docstring), and names the op in any error;
+     (`mcr.mpi_driver`), and names the op in any error;
   5. times it into the comm log (read at each call: the online tuner and tests swap it).
 
 Everything that is the same for every call of the route (the op's name, the backend's method
@@ -23,10 +23,10 @@ from threading import get_ident
 from time import perf_counter, time_ns
 
 from .flight import DONE
-from .issuing import prepare as prepare_issue
+from .issuing import prepare_async_issue
 
 
-def prepare(rt, op, group, fn, comm, call=None, route=None, method=None, logged=True):
+def prepare_blocking_run(rt, op, group, fn, comm, call=None, route=None, method=None, logged=True):
     """A function of (group, args) that runs `fn(comm, *args, False)` as one blocking op `op` of
     `group` on runtime `rt` (the group is passed at each call, not held: the group holds this
     function in its cache, and a cycle would keep a destroyed group's threads until a garbage
@@ -37,13 +37,14 @@ def prepare(rt, op, group, fn, comm, call=None, route=None, method=None, logged=
     if call is None:
         call = lambda *args: fn(comm, *args, False)  # noqa: E731
     p2p = op.family == "send_recv"
-    earlier = rt._pending if not p2p else ()  # a send or receive waits for nothing issued before it
     in_flight = rt.in_flight
+    earlier = in_flight.entries if not p2p else ()  # a send or receive waits for nothing issued before it
     recorder = rt.recorder if route is not None else None
-    drives = bool(rt.needs_driving) and op.backend not in rt.needs_driving  # rule 3: keep MPI moving
-    if drives and rt._driver is None:
+    driver = rt.driver
+    drives = driver.drives(op.label)  # rule 3: keep MPI moving
+    if drives and driver.thread is None:
         # MPI takes no second thread: run it as an async op, driving MPI from here while it waits
-        issue = prepare_issue(rt, op, group, fn, comm, route=route, method=method, logged=logged, async_op=False)
+        issue = prepare_async_issue(rt, op, group, fn, comm, route=route, method=method, logged=logged, async_op=False)
 
         def run_aside(group, args):
             if earlier:
@@ -52,8 +53,8 @@ def prepare(rt, op, group, fn, comm, call=None, route=None, method=None, logged=
 
         return run_aside
     if drives:
-        driver, inner = rt._driver, call
-        call = lambda *args: driver.during(lambda: inner(*args))  # noqa: E731
+        during, inner = driver.thread.during, call
+        call = lambda *args: during(lambda: inner(*args))  # noqa: E731
     waits = rt.waits
     if recorder is not None:
         info, records, append = group.info, recorder.records, recorder.entries.append

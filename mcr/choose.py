@@ -1,5 +1,5 @@
 """The backend choice as a pure function: a call's description in, a backend, chunk size and
-the rule that decided out. `Runtime._decide` runs it for every new kind of call, and
+the rule that decided out. `mcr.routing.Router` runs it for every new kind of call, and
 `python -m mcr.tools.explain` runs it for calls it only imagines, so both say the same thing.
 
 The order (docs/runtime.md, "How the backend is chosen"): `backend=` on the call, force_backend(), a

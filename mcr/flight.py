@@ -195,7 +195,7 @@ class FlightRecorder:
             "frames": frames,
             "thread_id": str(entry[THREAD]),
             "thread_name": _thread_name(entry[THREAD]),
-            "mcr_backend": op.backend,
+            "mcr_backend": op.label,
             "mcr_rule": route.rule,
             "mcr_nbytes": op.nbytes,
         }

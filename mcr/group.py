@@ -5,6 +5,12 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 
+def route_key(method, nbytes, tensor, explicit, reduce_op, forced):
+    """A call's key in `Group.routes`: what its route and runs depend on beyond the group.
+    `forced`: the backend force_backend() names, so forcing one never meets an older call."""
+    return (method, nbytes, tensor.dtype, tensor.is_cuda, explicit, reduce_op, forced)
+
+
 class GroupInfo:
     """What the flight recorder (`mcr.flight`) keeps of a group: its key, ranks and how many ops
     were issued on it, not its communicators, so a group torch destroys takes its threads along."""
@@ -27,12 +33,12 @@ class Group:
         "shape",
         "_to_group_rank",
         "info",
-        "ready",
+        "routes",
         "node_groups",
     )
 
     def __init__(self, gid: Hashable, ranks, my_global_rank: int, shape=None):
-        # the group's key in the choice cache and the tuner: an int for groups the runtime numbers
+        # the group's key in the flight recorder and the tuner: an int for groups the runtime numbers
         # (0: the world), ("torch", name) for groups torch.distributed creates (mcr.hooks)
         self.gid = gid
         self.ranks = tuple(ranks)
@@ -45,11 +51,12 @@ class Group:
         # the size, and what node-aware candidates need; None where no topology was given
         self.shape = shape
         self.info = GroupInfo(gid, self.ranks, self.rank)
-        # Runtime.call's cache of ready calls on this group: (route, bound method, communicator).
-        # Kept here, with the communicators it holds: a group torch destroys takes it along, and a
-        # later group with the same key (torch's hashed names) starts empty
-        self.ready = {}
-        # its node-local and peer groups (`Runtime.node_groups`), made the first time a node-aware
+        # the routes of calls on this group, under `route_key`: (route, blocking run, async issue),
+        # the runs None where the route runs in chunks or phases (`Runtime.call`). Kept here, with
+        # the communicators the runs hold: a group torch destroys takes them along, and a later
+        # group with the same key (torch's hashed names) starts empty
+        self.routes = {}
+        # its node-local and peer groups (`mcr.node_aware.groups_of`), made the first time a node-aware
         # op runs on it; kept here for the same reason
         self.node_groups = None
 
@@ -71,7 +78,7 @@ class Group:
             for name, comm in self.comms.items():
                 free(name, comm)
         self.comms.clear()
-        self.ready.clear()  # call()'s cache holds the communicators too
+        self.routes.clear()  # call()'s cache holds the communicators too
 
     @property
     def nodes(self):

@@ -1,7 +1,7 @@
 """An async op's issue, prepared once per route: what `dist.all_reduce(..., async_op=True)` pays.
 
 The async twin of `mcr.blocking`: `Runtime.call` issues every async op of a plain route through
-a closure made here and cached with its route on the group (`Group.ready`); an async chunked op
+a closure made here and cached with its route on the group (`Group.routes`); an async chunked op
 issues its chunks through one per chunk size, and a blocking call that MPI cannot run beside a
 driver thread runs as an issue and a wait. The closure does, in order:
 
@@ -22,10 +22,10 @@ from time import perf_counter, time_ns
 from .flight import RETURNED
 
 
-def prepare(rt, op, group, fn, comm, call=None, route=None, method=None, logged=True, async_op=True):
+def prepare_async_issue(rt, op, group, fn, comm, call=None, route=None, method=None, logged=True, async_op=True):
     """A function of (group, args) that issues `fn(comm, *args, True)` as async op `op` of `group`
     on runtime `rt` and returns its handle, held in flight (the group is passed at each call, not
-    held, as in `mcr.blocking.prepare`). `call`: the same as a function of `*args` alone, where
+    held, as in `mcr.blocking.prepare_blocking_run`). `call`: the same as a function of `*args` alone, where
     the backend has a faster one for the route (`Backend.for_route(..., async_op=True)`).
     `route` and `method`: the call's, for its flight-recorder entry (None: a chunk of an op, not
     recorded). `logged`: False for a chunk of an op the comm log counts whole. `async_op`: False
@@ -35,7 +35,7 @@ def prepare(rt, op, group, fn, comm, call=None, route=None, method=None, logged=
         call = lambda *args: fn(comm, *args, True)  # noqa: E731
     p2p = op.family == "send_recv"
     held_comm = None if p2p else comm  # a later blocking op waits for earlier collectives only
-    driven = op.backend in rt.needs_driving
+    driven = op.label in rt.driver.needed
     add, watch, progress = rt.in_flight.add, rt.watch, rt.progress
     recorder = rt.recorder if route is not None else None
 

@@ -51,7 +51,7 @@ def runs_as_named(rt, candidate: str, op: str, dtype, group=None, device_type: s
     g = rt.world if group is None else group
     reduce_op = "sum" if op in REDUCING_OPS else None
     try:
-        picked = rt.select(op, 0, g, dtype, device_type, candidate, reduce_op)  # as the runtime chooses
+        picked = rt.router.select(op, 0, g, dtype, device_type, candidate, reduce_op)  # as the runtime chooses
     except ValueError:  # a backend it names is not running here
         return False
     return not picked.notes

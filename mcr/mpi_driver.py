@@ -1,5 +1,5 @@
-"""Rule 3's helper: while a thread of this rank blocks on a backend that progresses alone (gloo,
-nccl), another thread keeps MPI moving.
+"""Mixing rule 3's one owner (`mcr.runtime`'s docstring): while a thread of this rank blocks on
+a backend that progresses alone (gloo, nccl, a CUDA event), MPI keeps moving.
 
 MPI moves only inside MPI calls, and not only for the ops a rank still has in flight: a blocking
 send may return once its data is copied into the library's buffers (the eager protocol), and over
@@ -18,8 +18,9 @@ thread blocks in the library's own wait (the op completes as soon as the library
 this thread tests the in-flight MPI ops and pokes MPI's progress engine, after a pause that doubles
 from MIN_PAUSE_S to MAX_PAUSE_S (a wait shorter than the first pause costs no MPI call), and
 sleeps when nobody waits. It calls MPI from a second thread,
-so the runtime starts it only where MPI gives MPI_THREAD_MULTIPLE (and drives MPI from the waiting
-thread itself otherwise).
+so `MPIDriver` starts it only where MPI gives MPI_THREAD_MULTIPLE, and otherwise drives MPI from
+the waiting thread itself: polling the op it waits for, or, for an op whose library marks it done
+only inside its own wait(), running that wait on a helper thread meanwhile.
 """
 
 from __future__ import annotations
@@ -36,7 +37,93 @@ MIN_PAUSE_S = 1e-3
 MAX_PAUSE_S = 10e-3
 
 
+# The waiting thread's own polls, where MPI takes no second thread: from 20 µs to 1 ms, so a long
+# wait costs little CPU.
+MIN_POLL_S = 2e-5
+MAX_POLL_S = 1e-3
+
+
 class MPIDriver:
+    """Whether this job needs MPI kept moving, and how each kind of wait keeps it moving."""
+
+    def __init__(self, backends, in_flight):
+        """`backends`: name -> Backend; `in_flight`: the runtime's `InFlight` (its driven handles)."""
+        self._moved_by_calls = [backend for backend in backends.values() if not backend.progresses_alone]
+        # the backends that progress only inside their own calls (MPI): names, as ops label them
+        self.needed = frozenset(backend.name for backend in self._moved_by_calls)
+        # backends that take no calls from a second thread (an MPI without MPI_THREAD_MULTIPLE)
+        self.single_threaded = [name for name, backend in backends.items() if not backend.thread_multiple]
+        self._in_flight = in_flight
+        self.thread = _DriverThread(self.drive) if self.needed and not self.single_threaded else None
+
+    def drive(self) -> None:
+        """Let MPI move, without blocking: test its in-flight ops, then poke its progress engine
+        (for sends that returned before their data left)."""
+        self._in_flight.test_driven()
+        for backend in self._moved_by_calls:
+            backend.progress()
+
+    def drives(self, label) -> bool:
+        """Whether a blocking op labelled `label` must keep MPI moving: the job has MPI and the
+        op runs elsewhere (waiting inside MPI moves MPI itself)."""
+        return bool(self.needed) and label not in self.needed
+
+    def during(self, wait, test=None):
+        """`wait()`, a blocking wait on something other than MPI (another backend's op, a CUDA
+        event, a group's rendezvous), keeping MPI moving meanwhile: beside the driver thread, or
+        where MPI takes no second thread by polling `test()` from this one (no `test`: not at all)."""
+        if not self.needed:
+            return wait()
+        if self.thread is not None:
+            return self.thread.during(wait)
+        if test is not None:
+            self._poll(test)
+        return wait()
+
+    def wait_for(self, label, wait, test, testable: bool) -> None:
+        """An async op's wait (op labelled `label`). `testable`: its `test()` can say done; where
+        not (gloo's send/recv, reduce-scatter) and no driver thread runs, its wait runs beside
+        this thread rather than being polled: no test would ever see it done
+        (tests/mcr/scripts/waited_only.py)."""
+        if not self.drives(label):
+            wait()
+        elif self.thread is not None or testable:
+            self.during(wait, test)
+        else:
+            self._wait_aside(wait)
+
+    def stop(self) -> None:
+        if self.thread is not None:
+            self.thread.stop()
+
+    def _poll(self, test) -> None:
+        pause = MIN_POLL_S
+        while not test():
+            self.drive()
+            time.sleep(pause)
+            pause = min(2 * pause, MAX_POLL_S)
+
+    def _wait_aside(self, wait) -> None:
+        done, failed = threading.Event(), []
+
+        def waiter():
+            try:
+                wait()
+            except BaseException as exc:  # raised here, on the caller's thread, under its watchdog
+                failed.append(exc)
+            finally:
+                done.set()
+
+        threads.start(waiter, "mcr-wait")
+        self._poll(done.is_set)
+        done.wait()
+        if failed:
+            raise failed[0]
+
+
+class _DriverThread:
+    """The thread that drives MPI while some thread of this rank waits elsewhere."""
+
     def __init__(self, drive):
         self._drive = drive  # tests the in-flight MPI ops and pokes MPI's progress engine; never blocks
         self._lock = threading.Lock()

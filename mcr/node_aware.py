@@ -23,10 +23,12 @@ cyclically, `srun --distribution=cyclic`). Every phase is a blocking op that the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from time import perf_counter
 
 import torch
 
 from .group import Group
+from .handle import Handle
 from .topology import Layout
 
 # Which phases each op runs where: the backend of the intra-node phases must run the first
@@ -41,7 +43,7 @@ PHASES = {
 
 @dataclass
 class NodeGroups:
-    """A group's node-local and peer groups, made once per group (`Runtime.node_groups`)."""
+    """A group's node-local and peer groups, made once per group (`groups_of`)."""
 
     local: Group  # my node's members of the group, in rank order
     peers: Group  # the members with my local index, one per node, in node order
@@ -69,6 +71,53 @@ class NodeGroups:
 def run(method: str, args: tuple, groups: NodeGroups, phase) -> None:
     """Run the caller's op `method` (an mcr.backends method name) with its `args`, as phases."""
     RUNNERS[method](groups, phase, *args)
+
+
+def run_route(rt, route, group, method, args, async_op):
+    """A node-aware route's op on runtime `rt`: each phase a blocking op that `rt.run` runs and
+    watches like any other (the watchdog names the phase), the whole logged once under its
+    candidate's label. An async call runs its phases before it returns: a later phase needs an
+    earlier one's result, and issuing it from another thread later would break the issue order
+    the mixing rules rest on; the handle comes back complete."""
+    plan, groups = route.plan, groups_of(rt, group)
+    family, started = route.op.family, perf_counter()
+
+    def phase(where, phase_method, *phase_args):
+        backend, sub = (plan.intra, groups.local) if where == "intra" else (plan.inter, groups.peers)
+        nbytes = phase_args[1 if phase_method != "all_reduce" else 0].nbytes
+        what = f"{family} via {plan.label}: {where}-node {phase_method}"
+        op = route.op._replace(family=what, label=backend.name, nbytes=nbytes, group_size=sub.size)
+        rt.run(op, sub, backend, phase_method, phase_args, False)
+
+    run(method, args, groups, phase)
+    if rt.comm_log is not None:
+        rt.comm_log.record(route.op, perf_counter() - started)
+    if not async_op:
+        return None
+    handle = Handle(lambda: None, lambda: True)
+    handle.wait()
+    handle.op = route.op
+    return handle
+
+
+def groups_of(rt, group) -> NodeGroups:
+    """The group's node-local and peer groups, made by their members the first time a node-aware
+    op runs on the group (every member is at that op: the choice is agreed), and kept on the
+    group. With MPI ops in flight they are made beside a thread that keeps those moving (rule 3)."""
+    if group.node_groups is not None:
+        return group.node_groups
+    layout = rt.topology.layout(group.ranks)
+    node = next(k for k, members in enumerate(layout.local) if rt.rank in members)
+    index = layout.local[node].index(rt.rank)
+
+    def build():
+        # released with the group (Group.release), not kept past a group torch destroys
+        local = rt.member_group(("node", group.gid, "local", node), layout.local[node], keep=False)
+        peers = rt.member_group(("node", group.gid, "peers", index), layout.peers[index], keep=False)
+        return NodeGroups.of(group, layout, local, peers)
+
+    group.node_groups = rt.driver.during(build)  # gloo connects through the store meanwhile
+    return group.node_groups
 
 
 # --- all-reduce --------------------------------------------------------------------------------

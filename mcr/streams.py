@@ -288,8 +288,8 @@ class CudaRoute:
         self.recorder = rt.recorder if route is not None else None
         self.route, self.logged = route, logged
         self.p2p = op.family == "send_recv"
-        self.driven = backend.name in rt.needs_driving
-        self.inner_op = op._replace(backend=backend.name)  # mpi/host waits in MPI: rule 3 by the backend's name
+        self.driven = backend.name in rt.driver.needed
+        self.inner_op = op._replace(label=backend.name)  # mpi/host waits in MPI: rule 3 by the backend's name
 
     def _entry(self, group, args, async_op):
         if self.recorder is None:
@@ -299,8 +299,8 @@ class CudaRoute:
     def _ready_wait(self, order):
         """Rule 1 for a host-driven library: block until the issuing stream reached the op,
         keeping MPI moving meanwhile (mixing rule 3: that stream may wait on another backend)."""
-        event, rt = order.ready, self.rt
-        return lambda: rt.wait_keeping_mpi_moving(event.synchronize, event.query)
+        event, driver = order.ready, self.rt.driver
+        return lambda: driver.during(event.synchronize, event.query)
 
     def run(self, group, args) -> None:
         """The blocking call: returns with the caller's current stream ordered after the op."""

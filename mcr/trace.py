@@ -33,7 +33,7 @@ def rank_events(recorder, rank: int, end_ns: int) -> list:
         op = route.op
         args = {
             "bytes": op.nbytes,
-            "backend": op.backend,
+            "backend": op.label,
             "rule": route.rule,
             "dtype": route.dtype_name,
             "group": list(group.ranks),
@@ -53,7 +53,7 @@ def rank_events(recorder, rank: int, end_ns: int) -> list:
         returned = done if not entry[flight.ASYNC] else entry[flight.RETURNED] or created
         caller_name = method if not entry[flight.ASYNC] else f"{method} (issue)"
         events.append(_span(caller_name, rank, callers[thread], created, returned, args))
-        tid = _lane(lanes, op.backend, created, done, events, rank)
+        tid = _lane(lanes, op.label, created, done, events, rank)
         events.append(_span(method, rank, tid, created, done, args))
     return events
 

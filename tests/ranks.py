@@ -1,7 +1,10 @@
-"""Run a Python script or module on N real local ranks and collect what each rank printed.
+"""Run a Python script or module on N real local ranks and collect what each rank printed, or
+run one of the project's tools as a user does.
 
 Tests use this instead of mocks: ranks are real processes started by mpiexec (MPI world:
-mpi + gloo backends) or torchrun (no MPI world: gloo only), talking over loopback.
+mpi + gloo backends) or torchrun (no MPI world: gloo only), talking over loopback. A rank
+reports its results with `tests.report.report` and the test reads them back, per rank, with
+`Result.tagged` (docs/testing.md, "Write a test").
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 import pytest
 
 from launch.local import find_mpiexec, mpiexec_command, mpiexec_family, torchrun_command
+from tests import report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,12 +25,19 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 @dataclass
 class Result:
     returncode: int
-    output: str
+    output: str  # a rank job's stdout and stderr together; a tool's stdout
+    errors: str = ""  # a tool's stderr (run_tool)
 
     def check(self) -> "Result":
         if self.returncode != 0:
-            raise AssertionError(f"ranks failed with exit code {self.returncode}:\n{self.output[-6000:]}")
+            raise AssertionError(
+                f"failed with exit code {self.returncode}:\n{self.output[-6000:]}\n{self.errors[-3000:]}".rstrip()
+            )
         return self
+
+    def tagged(self, tag: str) -> dict:
+        """{key: value} of what the ranks reported under `tag` (`tests.report.report`)."""
+        return report.tagged(self.output, tag)
 
 
 # Variables through which a launcher or scheduler tells a process its rank, or the user tells mcr
@@ -114,6 +125,19 @@ def run_ranks(
 
 def run_script(nprocs: int, path: str, *args, launcher="mpiexec", env=None, timeout=240) -> Result:
     return run_ranks(nprocs, [path, *map(str, args)], launcher=launcher, env=env, timeout=timeout)
+
+
+def run_tool(module: str, *args, env: dict | None = None, timeout: float = 600) -> Result:
+    """`python -m module args...` from the repository, as a user runs a command (a trainer's
+    compare, mcr.tools.*): in a clean environment, its stdout and stderr kept apart."""
+    full_env = dict(clean_env(), PYTHONPATH=REPO, WANDB_MODE="disabled", **(env or {}))
+    cmd = [sys.executable, "-m", module, *map(str, args)]
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired as exc:
+        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        raise AssertionError(f"{module} did not finish in {timeout} s:\n{out[-6000:]}") from None
+    return Result(proc.returncode, proc.stdout, proc.stderr)
 
 
 def under_hydra() -> bool:

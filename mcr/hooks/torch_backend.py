@@ -268,7 +268,7 @@ class RuntimeProcessGroup(dist.ProcessGroup):
 
 
 # torch hands a fresh ReduceOp per call; mapping it (by its enum's int, the cheapest key: a
-# pybind enum hashes slowly) to one canonical enum object lets the runtime's choice cache
+# pybind enum hashes slowly) to one canonical enum object lets the groups' route caches
 # match by identity.
 _CANONICAL_OPS = {
     int(op): op

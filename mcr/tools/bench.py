@@ -70,11 +70,11 @@ def sweep(ops, backends, sizes, dtype, iters=None, rounds=3, pace=False, device=
             row.update(zip(backends, seconds))
             row["bytes"] = actual
             if "auto" in backends:
-                route = rt.route(op, actual, rt.world, dtype, torch.device(device).type)
+                route = rt.router.route(op, actual, rt.world, dtype, torch.device(device).type)
                 chunked = route.chunk_bytes and op == "all_reduce" and actual > route.chunk_bytes  # run in chunks
-                row["auto_backend"] = route.op.backend + (f"/{cands.short_bytes(route.chunk_bytes)}" if chunked else "")
+                row["auto_backend"] = route.op.label + (f"/{cands.short_bytes(route.chunk_bytes)}" if chunked else "")
                 # the candidate it runs, as --backends names it: that column times the same calls
-                row["auto_pick"] = cands.label(Choice(route.op.backend, route.chunk_bytes if chunked else 0))
+                row["auto_pick"] = cands.label(Choice(route.op.label, route.chunk_bytes if chunked else 0))
             row["busbw_factor"] = bus_factor(op, n)
             rows.append(row)
     return rows
@@ -126,7 +126,7 @@ def overhead(iters=20000, rounds=3):
 
         pg, opts = rt.world.comms["gloo"], dist.AllreduceOptions()
         direct["gloo"] = lambda: pg.allreduce([x], opts).wait()
-    chosen, _ = rt.choose("all_reduce", 4, rt.world, torch.float32, "cpu")
+    chosen, _ = rt.router.choose("all_reduce", 4, rt.world, torch.float32, "cpu")
     auto = float("inf")
     # The machine may be shared: each row keeps its best of `rounds` runs, the library and the
     # runtime timed side by side in each round (as mcr.tools.bench_hooks does).

@@ -96,7 +96,7 @@ def main(argv=None) -> int:
         params = sum(p.numel() for p in model.parameters())
         comm = best["no overlap"] - best["compute only"]
         print(
-            f"\n# DDP on backend mcr ({rt.choose('all_reduce', args.bucket_mb * 2**20, rt.world, torch.float32, 'cpu')[0].name}), "
+            f"\n# DDP on backend mcr ({rt.router.choose('all_reduce', args.bucket_mb * 2**20, rt.world, torch.float32, 'cpu')[0].name}), "
             f"{dist.get_world_size()} ranks: {args.layers}x Linear({args.width}), {params * 4 / 2**20:.0f} MiB of "
             f"gradients in {args.bucket_mb:g} MiB buckets, batch {args.batch}"
         )

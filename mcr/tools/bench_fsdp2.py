@@ -68,17 +68,17 @@ def main(argv=None) -> int:
     best = dict.fromkeys(ways, float("inf"))
     for r in range(args.rounds + 1):  # round 0 warms up every way
         for way in ways if r % 2 == 0 else reversed(ways):
-            rt.force_backend(None if way == "auto" else way)
+            rt.router.force_backend(None if way == "auto" else way)
             median = slowest_median(step_times(model, opt, batch, args.steps))
             if r > 0:
                 best[way] = min(best[way], median)
-    rt.force_backend(None)
+    rt.router.force_backend(None)
     if rank == 0:
         layer_bytes = args.width * (args.width + 1) * 4
         # both ops move a whole layer (mcr sizes an all-gather by its output, a reduce-scatter by its input)
         # the candidate label (node:mpi+gloo), not the backend object: a node-aware route's is its inter-node one
-        chosen = {op: rt.route(op, layer_bytes, rt.world, torch.float32, "cpu").op.backend for op in OPS}
-        table = rt.table.path if rt.table is not None and not rt.table.online else "no table"
+        chosen = {op: rt.router.route(op, layer_bytes, rt.world, torch.float32, "cpu").op.label for op in OPS}
+        table = rt.router.table.path if rt.router.table is not None and not rt.router.table.online else "no table"
         print(
             f"\n# FSDP2 on backend mcr, {n} ranks: {args.layers}x Linear({args.width}) each sharded, "
             f"{layer_bytes / 2**20:.1f} MiB all-gathered and reduce-scattered per layer, batch {args.batch}; "

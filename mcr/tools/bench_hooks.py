@@ -50,7 +50,7 @@ def _library_calls(rt, name, x) -> list:
 def measure(iters: int) -> list:
     rt = api.runtime()
     x = torch.ones(1)
-    chosen, _ = rt.choose("all_reduce", x.nbytes, rt.world, x.dtype, "cpu")
+    chosen, _ = rt.router.choose("all_reduce", x.nbytes, rt.world, x.dtype, "cpu")
     n = iters if chosen.name == "mpi" else max(200, iters // 20)  # gloo is ~100x slower per call
     pg = dist.group.WORLD
     opts = dist.AllreduceOptions()  # C++ callers build theirs once per bucket too
@@ -160,7 +160,7 @@ def issue_cost(trains: int = 50, sizes=ISSUE_SIZES, nothing=None) -> str:
     ]
     for nbytes in sizes:
         x = torch.ones(max(1, nbytes // 4))
-        chosen, chunk = rt.choose("all_reduce", x.nbytes, rt.world, x.dtype, "cpu")
+        chosen, chunk = rt.router.choose("all_reduce", x.nbytes, rt.world, x.dtype, "cpu")
         name = chosen.name + (f"/chunk={chunk}" if chunk else "")
         issue_s, blocking_s, library_issue, library_blocking, *floor_s = medians(x, _library_trains(rt, chosen.name, x))
         line = f"{x.nbytes:>9}  {name:<8}{issue_s * 1e6:>12.2f}{blocking_s * 1e6:>10.2f}{issue_s / blocking_s:>16.2f}"

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from .. import api
+from ..chunked import run_chunked
 from ..commlog import human_bytes
 from ..measure import time_call
 from ..tuning.candidates import parse_bytes
@@ -65,8 +66,9 @@ def ways(nbytes, chunks):
     }
     for c in chunks:
         size = parse_bytes(c)
-        out[f"mpi/chunk={c}"] = lambda size=size: rt._run_chunked(
-            rt.route("all_reduce", x.nbytes, rt.world, x.dtype, "cpu", "mpi")._replace(chunk_bytes=size),
+        out[f"mpi/chunk={c}"] = lambda size=size: run_chunked(
+            rt,
+            rt.router.route("all_reduce", x.nbytes, rt.world, x.dtype, "cpu", "mpi")._replace(chunk_bytes=size),
             rt.world,
             x,
             "sum",

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from .table import Choice
 
-CHUNKABLE_OPS = ("all_reduce",)  # ops the runtime can run in chunks (Runtime._run_chunked)
+CHUNKABLE_OPS = ("all_reduce",)  # ops the runtime can run in chunks (`mcr.chunked`)
 NODE_AWARE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")  # mcr.node_aware
 NODE_PREFIX = "node:"
 HOST_SUFFIX = "/host"

@@ -108,7 +108,7 @@ def _run_one(case, name, rank, size, dist, skips) -> str:
             import mcr
 
             rt = mcr.runtime()
-            print(f"ROUTE {rt.choose('all_reduce', 4, rt.world, torch.float32, 'cpu')[0].name}", flush=True)
+            print(f"ROUTE {rt.router.choose('all_reduce', 4, rt.world, torch.float32, 'cpu')[0].name}", flush=True)
         case._barrier()
         getattr(case, name)()
         case._barrier()

@@ -31,7 +31,7 @@ def decoded(t: torch.Tensor) -> str:
 
 overrides = dict(arg.split("=", 1) for arg in sys.argv[1:])
 info = discover()
-print(f"probe: rank {info.rank} gpu env", *(f"{key}={os.environ.get(key, '')}" for key in GPU_VARIABLES), flush=True)
+print(f"probe-env: rank {info.rank} gpu", *(f"{key}={os.environ.get(key, '')}" for key in GPU_VARIABLES), flush=True)
 rt = mcr.init(backends=overrides.get("backends", "gloo"))
 n = mcr.get_world_size()
 mine = torch.tensor([info.rank, info.local_rank, info.local_world_size, n], dtype=torch.int64)

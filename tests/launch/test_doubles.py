@@ -48,7 +48,7 @@ def test_rank_discovery_end_to_end_under_scheduler_test_doubles(system, launcher
     assert os.path.isdir(os.path.join(job.job_dir, f"probe-{job_id}"))  # the run dir named with the job id
 
     # what each rank was started with: one GPU and its cores, and the MPI's GPU switch
-    gpu_env = dict(re.findall(r"probe: rank (\d+) gpu env (.*)", text))
+    gpu_env = dict(re.findall(r"probe-env: rank (\d+) gpu (.*)", text))
     assert sorted(gpu_env) == ["0", "1", "2", "3"], text
     tool = {"lsf": "jsrun", "pbs": "mpiexec", "cobalt": "mpirun"}[s.scheduler]
     with open(tmp_path / f"{tool}.args") as f:

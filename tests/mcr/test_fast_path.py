@@ -14,7 +14,7 @@ def test_fast_path_results_match_reference_and_log_shows_callers_ops(tmp_path):
         Entry(op="all_reduce", group_size=2, min_bytes=1 << 20, max_bytes=None, backend="mpi", chunk_bytes=1 << 20),
     ]
     TuningTable(fingerprint={"world_size": 2}, entries=entries).save(str(table))
-    out = run_script(2, os.path.join(os.path.dirname(__file__), "fast_path_script.py"), table).check().output
+    out = run_script(2, os.path.join(os.path.dirname(__file__), "scripts/fast_path.py"), table).check().output
     # per 16-bit dtype: 5 all_reduce ops, async, 2 small, chunked, gloo, 2 reduce-scatters (+ reduce on rank 1);
     # 2 float32
     assert "rank 0: OK 26 checks" in out and "rank 1: OK 28 checks" in out, out[-3000:]
@@ -25,5 +25,5 @@ def test_a_ready_route_serves_only_the_calls_that_would_choose_it():
     """The api's shortcut to a ready route (mcr.blocking): another dtype, size, explicit or
     forced backend, or a tensor whose storage was swapped takes its own route; each call is
     logged and recorded once."""
-    out = run_script(2, os.path.join(os.path.dirname(__file__), "hot_path_script.py")).check().output
+    out = run_script(2, os.path.join(os.path.dirname(__file__), "scripts/hot_path.py")).check().output
     assert "rank 0: hot path OK 11 checks" in out and "rank 1: hot path OK 11 checks" in out, out[-3000:]

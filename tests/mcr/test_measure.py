@@ -78,6 +78,7 @@ class Recorder:
         from mcr.topology import Shape
 
         self.backends, self.unavailable, self.ran = backends or {}, {}, []
+        self.router = self  # measure routes through `rt.router.select`
         comms = {name: object() for name in self.backends}
         self.world = SimpleNamespace(size=4, nodes=2, shape=Shape(4, 2, 2, (2, 2)), gid=0, comms=comms, unavailable={})
 
@@ -85,7 +86,7 @@ class Recorder:
         self.ran.append((family, tensor.device.type, backend))
 
     def select(self, family, nbytes, group, dtype, device_type, explicit=None, reduce_op=None):
-        """`Runtime.select` on these backends: what the group lacks is what it names unavailable."""
+        """`Router.select` on these backends: what the group lacks is what it names unavailable."""
         from mcr.choose import Call, Policy, select_backend
 
         missing = frozenset(group.unavailable)

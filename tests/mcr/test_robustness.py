@@ -55,13 +55,17 @@ def test_a_rank_blocked_in_gloo_keeps_its_async_mpi_ops_moving():
     assert out.count("cross progress OK") == 2 and out.count(": OK") == 8, out[-3000:]
 
 
-def test_a_wait_no_test_can_finish_does_not_hang_on_a_pending_mpi_receive():
+@pytest.mark.parametrize("thread_level", ["multiple", "single"])
+def test_a_wait_no_test_can_finish_does_not_hang_on_a_pending_mpi_receive(thread_level):
     # torch's gloo marks its reduce-scatter and send/recv Works done only inside wait(): polling
     # them while an MPI receive is pending spun until that receive, which needs this rank to go on.
-    # The watchdog off (0), as a user debugging a hang sets it: torch's groups keep their own
-    # timeout (a 0 reached gloo's, and its groups failed to form); the harness ends a hang
-    env = {"MCR_WATCHDOG_TIMEOUT": "0"}
-    out = run_script(2, os.path.join(SCRIPTS, "waited_only.py"), env=env, timeout=180).check().output
+    # With MPI_THREAD_MULTIPLE the driver thread keeps MPI moving; without it ("single") the wait
+    # runs on a helper thread while the waiting one drives MPI (MPIDriver.wait_for: polling
+    # instead hung this test). The watchdog off (0), as a user debugging a hang sets it: torch's
+    # groups keep their own timeout (a 0 reached gloo's, and its groups failed to form); the
+    # harness ends a hang
+    env = {"MCR_WATCHDOG_TIMEOUT": "0", "MPI4PY_RC_THREAD_LEVEL": thread_level}
+    out = run_script(2, os.path.join(SCRIPTS, "waited_only.py"), env=env, timeout=120).check().output
     assert out.count("waited only OK") == 2 and out.count("pending: OK") == 4, out[-3000:]
 
 

@@ -50,7 +50,7 @@ if gpu.cuda:  # finding 12: an NCCL op the GPU has not run yet stays in flight, 
     t = torch.ones(4, device=gpu.device)
     mcr.all_reduce(t, backend="nccl")  # returns at once: NCCL queued it behind the sleep
     entry = rt.recorder.entries[-1]
-    pending = [h for h in rt.in_flight.handles() if not h.is_completed() and h.op.backend == "nccl"]
+    pending = [h for h in rt.in_flight.handles() if not h.is_completed() and h.op.label == "nccl"]
     checks.expect_true(
         "in-flight", "a blocking NCCL op is in flight until the GPU ran it", len(pending) == 1, repr(pending)
     )

@@ -147,7 +147,7 @@ def future(k, then):
 
 
 for backend in BACKENDS:
-    rt.force_backend(backend)  # every op that follows runs there
+    rt.router.force_backend(backend)  # every op that follows runs there
     for kind in ("all_gather_into_tensor", "all_reduce avg", "reduce_scatter_tensor avg"):
         run_races(checks, f"coalescing {backend}", gpu, lambda k, kind=kind: coalesced(k, kind, True), "", (True,))
     run_races(
@@ -156,7 +156,7 @@ for backend in BACKENDS:
     run_races(checks, f"coalescing {backend}", gpu, batched_p2p, "", (True,))
     run_races(checks, f"futures {backend}", gpu, lambda k: future(k, False), "", (True,))
     run_races(checks, f"futures {backend}", gpu, lambda k: future(k, True), "", (True,))
-    rt.force_backend(None)
+    rt.router.force_backend(None)
 
 
 # --- 2. DDP and FSDP2 against one process training on both ranks' data ---------------------------
@@ -250,7 +250,7 @@ def comm_rows():
 
 want_losses, want_params = reference()
 for backend in BACKENDS:
-    rt.force_backend(backend)
+    rt.router.force_backend(backend)
     before = comm_rows()
     ddp = nn.parallel.DistributedDataParallel(model(gpu.sleep_ms), bucket_cap_mb=0.01)  # ~10 KB: two buckets a step
     losses = train(ddp)
@@ -258,11 +258,11 @@ for backend in BACKENDS:
     compare(f"ddp {backend}", losses, params, want_losses[rank], want_params)
     used = sorted({key for key, count in comm_rows().items() if count > before.get(key, 0)})
     print(f"COMMLOG {rank} ddp-{backend} {json.dumps(used)}", flush=True)
-    rt.force_backend(None)
+    rt.router.force_backend(None)
 
 mesh = init_device_mesh(gpu.device.type, (n,))
 for backend in BACKENDS:
-    rt.force_backend(backend)
+    rt.router.force_backend(backend)
     before = comm_rows()
     net = model(gpu.sleep_ms)
     for layer in net:
@@ -276,7 +276,7 @@ for backend in BACKENDS:
     compare(f"fsdp2 {backend}", losses, params, want_losses[rank], mine)
     used = sorted({key for key, count in comm_rows().items() if count > before.get(key, 0)})
     print(f"COMMLOG {rank} fsdp2-{backend} {json.dumps(used)}", flush=True)
-    rt.force_backend(None)
+    rt.router.force_backend(None)
 
 checks.report()
 dist.destroy_process_group()  # finalizes the runtime it started

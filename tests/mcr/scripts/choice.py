@@ -9,6 +9,7 @@ import torch
 import mcr
 from mcr.commlog import CommLog
 from mcr.tuning.table import Entry, TuningTable
+from tests.report import report
 
 path = sys.argv[1]
 n_world = int(os.environ.get("OMPI_COMM_WORLD_SIZE") or os.environ["WORLD_SIZE"])
@@ -25,7 +26,7 @@ if (os.environ.get("OMPI_COMM_WORLD_RANK") or os.environ["RANK"]) == "0":
     table.save(path)
 rt = mcr.init(comm_log=True, tuning=None)
 mcr.barrier()
-rt.table = TuningTable.load(path)
+rt.router.table = TuningTable.load(path)
 rank, n = mcr.get_rank(), mcr.get_world_size()
 
 # rank 0 sends 4 floats per peer (small), the others 400 (large): the ranks must still agree
@@ -55,7 +56,7 @@ choices = []
 for family in ("all_reduce", "all_to_all", "all_gather", "broadcast"):
     for size in (4, 512, 1023, 1024, 1 << 20):
         for dtype in (torch.float32, torch.bfloat16):
-            backend, _ = rt.choose(family, size, rt.world, dtype, "cpu")
+            backend, _ = rt.router.choose(family, size, rt.world, dtype, "cpu")
             choices.append(names.index(backend.name))
 mine = torch.tensor(choices, dtype=torch.int64)
 everyone = torch.empty(len(choices) * n, dtype=torch.int64)
@@ -87,5 +88,5 @@ everyone = torch.empty(n, dtype=torch.int64)
 mcr.all_gather_into_tensor(everyone, mine)
 assert (everyone == mine).all(), f"ranks chose differently for a list all_to_all: {everyone.tolist()}"
 
-print(f"rank {rank}: choice OK used {sorted(used)}", flush=True)
+report("CHOICE", rank, value={"uneven all_to_all": sorted(used)})
 mcr.finalize()

@@ -36,9 +36,9 @@ def run_ops():
 
 if sys.argv[1:] == ["forced"]:  # the same calls again: each pass must choose afresh, not reuse the last
     run_ops()
-    mcr.runtime().force_backend("gloo")
+    mcr.runtime().router.force_backend("gloo")
     run_ops()
-    mcr.runtime().force_backend(None)
+    mcr.runtime().router.force_backend(None)
 run_ops()
 print(f"rank {rank}: precedence ran", flush=True)
 mcr.finalize()

@@ -11,9 +11,9 @@ import mcr
 rt = mcr.init(tuning=sys.argv[1])
 for spec in sys.argv[2:]:
     op, size = spec.split(":")
-    route = rt.route(op, int(size), rt.world, torch.float32, "cpu", None, "sum" if "reduce" in op else None)
+    route = rt.router.route(op, int(size), rt.world, torch.float32, "cpu", None, "sum" if "reduce" in op else None)
     chunk = route.chunk_bytes if route.chunk_bytes and int(size) > route.chunk_bytes else "-"
-    print(f"rank {rt.rank}: route {op} {size} {route.op.backend} {chunk}", flush=True)
+    print(f"rank {rt.rank}: route {op} {size} {route.op.label} {chunk}", flush=True)
 for length in (1, 2, 3):  # three sizes: three choices made, each falling back
     mcr.broadcast(torch.ones(length), 0)
 print(f"rank {rt.rank}: routes done", flush=True)

@@ -21,7 +21,7 @@ from mcr.tuning.table import TuningTable
 num_ops, seed = int(sys.argv[1]), int(sys.argv[2])
 rt = mcr.init()
 if len(sys.argv) > 3 and sys.argv[3] != "-":
-    rt.table = TuningTable.load(sys.argv[3])
+    rt.router.table = TuningTable.load(sys.argv[3])
 rank, n = mcr.get_rank(), mcr.get_world_size()
 rng = random.Random(seed)  # identical sequence of choices on every rank
 backends = list(rt.backends) + [None, None]  # the automatic choice twice as often

@@ -16,12 +16,12 @@ from mcr.tuning.candidates import label
 
 expect_changed = sys.argv[1] == "1"
 rt = mcr.init(comm_log=True)
-assert rt.table is not None and rt.table.path == os.environ["MCR_TUNING_FILE"], rt.table
+assert rt.router.table is not None and rt.router.table.path == os.environ["MCR_TUNING_FILE"], rt.router.table
 n = mcr.get_world_size()
 default = next(b for b in builtin_order("cpu") if b in rt.backends)
 changed = 0
 checked = 0
-for e in rt.table.entries:
+for e in rt.router.table.entries:
     if e.group_size != n or e.op != "all_reduce":
         continue
     high = e.max_bytes if e.max_bytes is not None else max(e.min_bytes * 4, 1 << 20)
@@ -29,7 +29,7 @@ for e in rt.table.entries:
         nbytes -= nbytes % 4
         if not e.min_bytes <= nbytes < high:
             continue
-        backend, chunk = rt.choose("all_reduce", nbytes, rt.world, torch.float32, "cpu")
+        backend, chunk = rt.router.choose("all_reduce", nbytes, rt.world, torch.float32, "cpu")
         assert (backend.name, chunk) == (e.backend, e.chunk_bytes), (nbytes, backend.name, chunk, e)
         rt.comm_log = mcr.commlog.CommLog()
         base = torch.arange(nbytes // 4, dtype=torch.float32) % 1000  # distinct per rank and element

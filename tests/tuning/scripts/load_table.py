@@ -21,8 +21,8 @@ except TuningTableError as exc:
     print(f"rank {MPI.COMM_WORLD.Get_rank()} refused: {exc}", flush=True)
     raise SystemExit(0) from None
 for nbytes in (1024, 8 << 20):
-    backend, chunk = rt.choose("all_reduce", nbytes, rt.world, torch.float32, "cpu")
+    backend, chunk = rt.router.choose("all_reduce", nbytes, rt.world, torch.float32, "cpu")
     print(f"rank {mcr.get_rank()}: all_reduce {nbytes} -> {backend.name} chunk {chunk}", flush=True)
-entries = [e for e in rt.table.entries if e.group_size == mcr.get_world_size()]
+entries = [e for e in rt.router.table.entries if e.group_size == mcr.get_world_size()]
 print(f"rank {mcr.get_rank()}: {len(entries)} entries, predicted {all(e.predicted for e in entries)}", flush=True)
 mcr.finalize()

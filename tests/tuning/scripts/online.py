@@ -13,7 +13,7 @@ import mcr
 
 out_dir = sys.argv[1]
 rt = mcr.init(tuning="auto")
-tuner = rt.table
+tuner = rt.router.table
 assert tuner.online, "tuning: auto did not start the online tuner"
 rank, n = mcr.get_rank(), mcr.get_world_size()
 
@@ -39,7 +39,7 @@ decisions = {
 for (_, op, _, low), (_, _, c, lat, _) in tuner.decisions.items():
     assert len(lat) >= 2 and all(t > 0 for t in lat.values()), lat  # every candidate was measured
     nbytes = max(low, 16)
-    chosen, chunk = rt.choose(op, nbytes, rt.world, torch.float32, "cpu")
+    chosen, chunk = rt.router.choose(op, nbytes, rt.world, torch.float32, "cpu")
     assert (chosen.name, chunk) == (c.backend, c.chunk_bytes), (op, nbytes, chosen.name, chunk, c)
 with open(os.path.join(out_dir, f"decisions-{rank}.json"), "w") as f:
     json.dump(decisions, f, sort_keys=True)

@@ -1,6 +1,6 @@
 """The MPI fast path on 2 ranks, every result compared whole against a local reference:
 16-bit reductions (mcr's own MPI ops), a chunked all-reduce and how the comm log shows it.
-Usage: fast_path_script.py TABLE (a tuning table that chunks all-reduces from 1 MiB up).
+Usage: fast_path.py TABLE (a tuning table that chunks all-reduces from 1 MiB up).
 Prints `rank R: OK N checks`."""
 
 import sys
@@ -39,7 +39,7 @@ def expect(got, want, what):
 
 # 16-bit reductions run on MPI
 for dtype in (torch.bfloat16, torch.float16):
-    assert rt.choose("all_reduce", 64, rt.world, dtype, "cpu")[0].name == "mpi"  # no fallback to gloo
+    assert rt.router.choose("all_reduce", 64, rt.world, dtype, "cpu")[0].name == "mpi"  # no fallback to gloo
     for op in ("sum", "avg", "product", "min", "max"):
         t = data(rank, dtype)
         mcr.all_reduce(t, op=op, backend="mpi")
