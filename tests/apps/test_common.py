@@ -340,7 +340,7 @@ def test_expert_groups_are_deepspeeds(world, tp, pp, ep):
     ids=["torch-tp2-dp2-ep2", "deepspeed-pp2"],
 )
 def test_groups_built_on_real_ranks_hold_the_layouts_ranks(kind, nprocs, tp, pp, ep):
-    script = os.path.join(HERE, "parallel_groups_script.py")
+    script = os.path.join(HERE, "scripts", "parallel_groups.py")
     result = run_script(nprocs, script, kind, tp, pp, ep, timeout=300).check()
     # every rank checked each of its groups on every started backend (mpi and gloo)
     dims = 5 if ep > 1 else 3

@@ -13,8 +13,6 @@ import glob
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,7 +20,7 @@ import torch
 from apps.common.config import ConfigError, load_config
 from apps.dense.config import DenseConfig, check_resume_layout, validate
 from apps.dense.train import main
-from tests.ranks import REPO, clean_env, run_ranks
+from tests.ranks import REPO, run_ranks, run_tool
 
 TINY = os.path.join(REPO, "configs", "dense", "tiny.yaml")
 CLUSTER = os.path.join(REPO, "configs", "bapipe", "cpu-2proc.yaml")
@@ -44,11 +42,9 @@ def train(out_dir, name, *overrides, nprocs=2, timeout=400, fails=False):
 
 def compare(out_dir, backend, *overrides):
     """One job through `python -m apps.dense.compare`, as a user runs it: (its table, metrics, run dir)."""
-    cmd = [sys.executable, "-m", "apps.dense.compare", "--config", TINY, "--backends", backend, f"--out={out_dir}"]
-    env = dict(clean_env(), PYTHONPATH=REPO, WANDB_MODE="disabled")
-    proc = subprocess.run(cmd + list(overrides), cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    table = proc.stdout[proc.stdout.index("Dense GPT (Megatron-style) throughput: tiny.yaml, 2 ranks") :]
+    args = ["--config", TINY, "--backends", backend, f"--out={out_dir}", *overrides]
+    out = run_tool("apps.dense.compare", *args).check().output
+    table = out[out.index("Dense GPT (Megatron-style) throughput: tiny.yaml, 2 ranks") :]
     run_dir = os.path.join(out_dir, f"compare-dense-{backend}-r0")
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         metrics = [json.loads(line) for line in f]

@@ -1,5 +1,5 @@
 """Data parallelism in the dense trainer (apps.dense) against one process that reads every
-replica's batches (tests/apps/dense_replicas_script.py): DP=2 on 2 ranks and TP=2 x DP=2 on 4.
+replica's batches (tests/apps/scripts/dense_replicas.py): DP=2 on 2 ranks and TP=2 x DP=2 on 4.
 
 Same seed, so the same initial weights; each replica reads its own batches, DeepSpeed averages
 the gradients over the data-parallel group (through backend "mcr"), and the one process takes the
@@ -19,7 +19,7 @@ import torch
 from tests.apps.test_dense import TINY, TOL, losses, train
 from tests.ranks import REPO, run_ranks
 
-SCRIPT = os.path.join(REPO, "tests", "apps", "dense_replicas_script.py")
+SCRIPT = os.path.join(REPO, "tests", "apps", "scripts", "dense_replicas.py")
 MICRO_BATCH = 4  # tiny.yaml's, per replica
 
 

@@ -2,7 +2,7 @@
 
 DeepSpeed's grid (`PipelineParallelGrid`, the pipeline's or the plain engine's `mpu`) builds the
 tensor, data and pipeline groups over the layout's ranks; the trainer's layers take theirs from
-it (`ParallelDims.groups_from_grid`). tests/apps/dense_groups_script.py records every group a
+it (`ParallelDims.groups_from_grid`). tests/apps/scripts/dense_groups.py records every group a
 rank makes, with the code that asked for it; a group made twice for the same purpose (the same
 code asking for the same ranks twice, or the trainer making a TP, DP or PP group the grid holds)
 fails here.
@@ -17,7 +17,7 @@ import pytest
 from apps.common.parallel_dims import ParallelDims
 from tests.ranks import REPO, run_script
 
-SCRIPT = os.path.join(REPO, "tests", "apps", "dense_groups_script.py")
+SCRIPT = os.path.join(REPO, "tests", "apps", "scripts", "dense_groups.py")
 TINY = os.path.join(REPO, "configs", "dense", "tiny.yaml")
 RUNTIME_START = "apps/common/comm.py:"  # the runtime's start makes its world: its one group of its own
 

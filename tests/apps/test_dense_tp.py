@@ -12,7 +12,7 @@ from tests.ranks import REPO, run_script
 
 
 def test_tensor_and_sequence_parallel_match_one_rank_in_loss_and_every_gradient():
-    result = run_script(2, f"{REPO}/tests/apps/dense_tp_script.py", 6, timeout=240).check()
+    result = run_script(2, f"{REPO}/tests/apps/scripts/dense_tp.py", 6, timeout=240).check()
     assert result.output.count("OK ") == 2, result.output[-3000:]
     reports = [json.loads(line) for line in result.output.splitlines() if line.startswith('{"rank"')]
     assert sorted(r["rank"] for r in reports) == [0, 1]

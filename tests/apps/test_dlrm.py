@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -22,7 +20,7 @@ from apps.common.config import ConfigError, load_config
 from apps.common.metrics import read_jsonl
 from apps.dlrm.config import DLRMConfig
 from tests.apps.test_dlrm_data import write_npy_day
-from tests.ranks import REPO, clean_env, run_ranks
+from tests.ranks import REPO, run_ranks, run_tool
 
 TINY = os.path.join(REPO, "configs", "dlrm", "tiny.yaml")
 STEPS = 6
@@ -143,12 +141,10 @@ def test_compare_trains_every_sharding_type_on_each_backend_and_tabulates_them(t
     write_npy_day(npy, 0, 256)
     write_npy_day(npy, 1, 128)
     out = tmp_path / "runs"
-    cmd = [sys.executable, "-m", "apps.dlrm.compare", "--config", TINY, f"--out={out}", types_override(ALL_TYPES)]
-    cmd += [f"train.steps={COMPARE_STEPS}", "model.interaction=dcn", "data.kind=criteo_npy", f"data.path={npy}"]
-    env = dict(clean_env(), PYTHONPATH=REPO, WANDB_MODE="disabled")
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    table = proc.stdout[proc.stdout.index("DLRM (TorchRec) throughput: tiny.yaml, 2 ranks") :].splitlines()
+    args = ["--config", TINY, f"--out={out}", types_override(ALL_TYPES), f"train.steps={COMPARE_STEPS}"]
+    args += ["model.interaction=dcn", "data.kind=criteo_npy", f"data.path={npy}"]
+    stdout = run_tool("apps.dlrm.compare", *args, timeout=900).check().output
+    table = stdout[stdout.index("DLRM (TorchRec) throughput: tiny.yaml, 2 ranks") :].splitlines()
     assert table[1].split() == "backend samples/s step ms compute comm p10 samples/s vs gloo vs mpi".split()
     assert (out / "compare-dlrm.txt").read_text().strip() == "\n".join(table).strip()
     losses = {}

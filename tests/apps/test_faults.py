@@ -2,7 +2,7 @@
 checkpoint is never used, and `resume=true` continues the loss curve the job was on.
 
 Per trainer and fault, two launches on tiny presets (6 steps, a checkpoint every 2): a rank is
-SIGKILLed during step 4's save (tests/apps/fault_script.py) - rank 0 after every rank wrote
+SIGKILLed during step 4's save (tests/apps/scripts/fault.py) - rank 0 after every rank wrote
 step 4's checkpoint but before `latest` names it, rank 0 inside the atomic write of `latest`
 (before its rename), or rank 1 right after its first file of step 4 - and `latest` must still
 name step 2; then the job resumes, under the other launcher, from step 2.
@@ -19,7 +19,7 @@ import torch
 from apps.common.metrics import read_jsonl
 from tests.ranks import REPO, run_ranks
 
-FAULT_SCRIPT = os.path.join(REPO, "tests", "apps", "fault_script.py")
+FAULT_SCRIPT = os.path.join(REPO, "tests", "apps", "scripts", "fault.py")
 COMMON = ["train.steps=6", "checkpoint.enabled=true", "checkpoint.interval=2", "log_interval=1", "progress=false"]
 # trainer -> (launcher of the killed run, launcher of the resumed run)
 TRAINERS = {
@@ -35,7 +35,7 @@ KILLED = {
 
 
 def killed_then_resumed(app, fault, tmp_path, overrides=()):
-    """Run `app` under fault_script.py with FAULT at step 4's save, check the job ended soon and
+    """Run `app` under scripts/fault.py with FAULT at step 4's save, check the job ended soon and
     `latest` stayed at step 2, then resume (the other launcher) and check it continued the
     killed job's loss curve from step 2. Returns the killed run's output."""
     kill_launcher, resume_launcher = TRAINERS[app]

@@ -6,8 +6,6 @@ The tiny preset trains in a few seconds; runs shared between tests are made once
 import json
 import math
 import os
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -15,11 +13,11 @@ import torch
 from apps.common.config import ConfigError, load_config
 from apps.moe.config import MoEConfig, validate
 from apps.moe.train import main
-from tests.ranks import REPO, clean_env, run_ranks
+from tests.ranks import REPO, run_ranks, run_tool
 
 TINY = os.path.join(REPO, "configs", "moe", "tiny.yaml")
-STOCK_DEEPSPEED = os.path.join(REPO, "tests", "apps", "moe_stock_deepspeed_script.py")
-SLOW_RANK0 = os.path.join(REPO, "tests", "apps", "slow_rank0_script.py")
+STOCK_DEEPSPEED = os.path.join(REPO, "tests", "apps", "scripts", "moe_stock_deepspeed.py")
+SLOW_RANK0 = os.path.join(REPO, "tests", "apps", "scripts", "slow_rank0.py")
 # Backend choices: each goes through the mcr runtime (mcr.hooks.deepspeed).
 BACKENDS = {
     "gloo": "comm.backend=gloo",
@@ -189,11 +187,9 @@ def test_every_preset_validates(preset):
 
 
 def test_compare_runs_the_preset_on_each_backend_and_tabulates_them(tmp_path):
-    cmd = [sys.executable, "-m", "apps.moe.compare", "--config", TINY, "--backends", "gloo,mpi", f"--out={tmp_path}"]
-    env = dict(clean_env(), PYTHONPATH=REPO, WANDB_MODE="disabled")
-    proc = subprocess.run(cmd + ["train.steps=8"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
-    table = proc.stdout[proc.stdout.index("DS-MoE throughput: tiny.yaml, 2 ranks") :].splitlines()
+    args = ["--config", TINY, "--backends", "gloo,mpi", f"--out={tmp_path}", "train.steps=8"]
+    out = run_tool("apps.moe.compare", *args).check().output
+    table = out[out.index("DS-MoE throughput: tiny.yaml, 2 ranks") :].splitlines()
     assert table[1].split() == "backend tokens/s samples/s step ms compute comm p10 tokens/s vs gloo vs mpi".split()
     for choice in ("gloo", "mpi"):
         row = next(line for line in table if line.startswith(choice)).split()
@@ -212,10 +208,7 @@ def test_comm_trace_writes_the_timeline_beside_the_metrics_interleaved_with_torc
     trace_dir = os.path.join(run_dir, "trace")
     files = sorted(os.listdir(trace_dir))
     assert files == [f"{kind}_rank_{r}.json" for kind in ("mcr_trace", "torch_profile") for r in (0, 1)], files
-    merged = subprocess.run(
-        [sys.executable, "-m", "mcr.tools.trace", "merge", trace_dir], cwd=REPO, env=clean_env(), capture_output=True
-    )
-    assert merged.returncode == 0, merged.stderr
+    run_tool("mcr.tools.trace", "merge", trace_dir).check()
     with open(os.path.join(trace_dir, "mcr_trace.json")) as f:
         events = json.load(f)["traceEvents"]
     for rank in (0, 1):

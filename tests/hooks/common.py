@@ -1,26 +1,17 @@
 """Helpers for the hooks tests: run a script on 2 real ranks and read what each rank printed."""
 
-import json
 import os
-import re
 
 import torch
 
 from tests.ranks import run_script
+from tests.report import tagged  # noqa: F401  (the hooks tests import it from here)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 def run(script, *args, launcher="mpiexec", env=None, timeout=300):
     return run_script(2, os.path.join(HERE, script), *args, launcher=launcher, env=env, timeout=timeout).check().output
-
-
-def tagged(output, tag):
-    """{key: value} from `TAG <key words> <json>` records; the ranks' lines may run together."""
-    found, decoder = {}, json.JSONDecoder()
-    for match in re.finditer(re.escape(tag) + r" ([\w ]+?) (?=[\[{])", output):
-        found[match.group(1)], _ = decoder.raw_decode(output, match.end())
-    return found
 
 
 def assert_same_losses(got, want):

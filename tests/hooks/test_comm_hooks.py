@@ -1,4 +1,4 @@
-"""torch's own DDP communication hooks on backend "mcr" (tests/hooks/comm_hooks_script.py).
+"""torch's own DDP communication hooks on backend "mcr" (tests/hooks/scripts/comm_hooks.py).
 
 PowerSGD and the quantization hooks chain callbacks that issue collectives and wait on them; they
 must train as on gloo, and keep one op order on every rank when several buckets' callbacks run in
@@ -25,13 +25,13 @@ HOOKS = (
 
 @pytest.fixture(scope="module")
 def gloo_one_bucket():
-    return tagged(run("comm_hooks_script.py", "gloo", "one", launcher="torchrun", timeout=180), "LOSSES")
+    return tagged(run("scripts/comm_hooks.py", "gloo", "one", launcher="torchrun", timeout=180), "LOSSES")
 
 
 @pytest.mark.parametrize("progress_thread", ["1", "0"])
 def test_every_ddp_comm_hook_trains_as_on_gloo(gloo_one_bucket, progress_thread):
     out = run(
-        "comm_hooks_script.py", "mcr", "one", env={**WATCHDOG, "MCR_PROGRESS_THREAD": progress_thread}, timeout=180
+        "scripts/comm_hooks.py", "mcr", "one", env={**WATCHDOG, "MCR_PROGRESS_THREAD": progress_thread}, timeout=180
     )
     got = tagged(out, "LOSSES")
     assert {key.split()[0] for key in got} == set(HOOKS), sorted(got)
@@ -47,11 +47,11 @@ def test_hooks_of_many_buckets_keep_one_op_order_on_every_rank():
     in the caller's order (the same losses as with callbacks run inline, thread off), on MPI and
     on mcr's gloo route alike."""
     inline = tagged(
-        run("comm_hooks_script.py", "mcr", "many", env={**WATCHDOG, "MCR_PROGRESS_THREAD": "0"}, timeout=180), "LOSSES"
+        run("scripts/comm_hooks.py", "mcr", "many", env={**WATCHDOG, "MCR_PROGRESS_THREAD": "0"}, timeout=180), "LOSSES"
     )
-    threaded = tagged(run("comm_hooks_script.py", "mcr", "many", env=WATCHDOG, timeout=180), "LOSSES")
+    threaded = tagged(run("scripts/comm_hooks.py", "mcr", "many", env=WATCHDOG, timeout=180), "LOSSES")
     over_gloo = tagged(
-        run("comm_hooks_script.py", "mcr", "many", launcher="torchrun", env=WATCHDOG, timeout=180), "LOSSES"
+        run("scripts/comm_hooks.py", "mcr", "many", launcher="torchrun", env=WATCHDOG, timeout=180), "LOSSES"
     )
     assert {key.split()[0] for key in inline} == set(HOOKS), sorted(inline)
     assert_same_losses(threaded, inline)

@@ -13,11 +13,11 @@ ENV = {"DS_ACCELERATOR": "cpu"}
 
 @pytest.fixture(scope="module")
 def gloo_losses():
-    return tagged(run("deepspeed_script.py", "gloo", env=ENV, timeout=400), "LOSSES")
+    return tagged(run("scripts/deepspeed_hook.py", "gloo", env=ENV, timeout=400), "LOSSES")
 
 
 def test_install_instead_of_init_distributed_matches_gloo_and_uses_the_runtime(gloo_losses):
-    out = run("deepspeed_script.py", "mcr", env=ENV)
+    out = run("scripts/deepspeed_hook.py", "mcr", env=ENV)
     assert_same_losses(tagged(out, "LOSSES"), gloo_losses)
     for rank in ("0", "1"):
         ops = families(tagged(out, "COMMLOG")[rank])
@@ -27,7 +27,7 @@ def test_install_instead_of_init_distributed_matches_gloo_and_uses_the_runtime(g
 
 
 def test_install_after_init_distributed_under_torchrun(gloo_losses):
-    out = run("deepspeed_script.py", "after", launcher="torchrun", env=ENV)
+    out = run("scripts/deepspeed_hook.py", "after", launcher="torchrun", env=ENV)
     assert_same_losses(tagged(out, "LOSSES"), gloo_losses)
     ops = families(tagged(out, "COMMLOG")["0"])
     for op in ("all_to_all", "all_reduce", "all_gather", "reduce_scatter"):

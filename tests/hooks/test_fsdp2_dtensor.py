@@ -20,8 +20,8 @@ def expected_redistributes(n):
 
 
 def test_fsdp2_and_dtensor_on_mcr_match_gloo_and_the_whole_tensors():
-    out = run("fsdp2_script.py", "mcr")
-    baseline = run("fsdp2_script.py", "gloo", launcher="torchrun")
+    out = run("scripts/fsdp2.py", "mcr")
+    baseline = run("scripts/fsdp2.py", "gloo", launcher="torchrun")
     assert_same_losses(tagged(out, "LOSSES"), tagged(baseline, "LOSSES"))
     want = expected_redistributes(2)
     for rank, got in tagged(out, "DTENSOR").items():

@@ -19,12 +19,12 @@ def test_import_mcr_registers_the_backend():
 
 
 def test_every_op_correct_under_mpiexec_through_mpi():
-    out = run("ops_script.py", "helper")
+    out = run("scripts/torch_ops.py", "helper")
     assert "OK 0 mpi" in out and "OK 1 mpi" in out, out[-3000:]
 
 
 def test_every_op_correct_under_torchrun_init_process_group_mcr():
-    out = run("ops_script.py", "mcr", launcher="torchrun")
+    out = run("scripts/torch_ops.py", "mcr", launcher="torchrun")
     assert "OK 0 gloo" in out and "OK 1 gloo" in out, out[-3000:]
     assert "gives no MPI world" in out  # the runtime says once why MPI is missing
 
@@ -33,17 +33,17 @@ def test_every_op_correct_under_torchrun_init_process_group_mcr():
 def test_a_group_made_again_with_the_same_ranks_runs_on_its_own_communicators(launcher):
     # torch gives such groups the same name: a rendezvous or a cache of communicators under that
     # name would hand the new group the destroyed one's addresses or communicators
-    out = run("regroup_script.py", launcher=launcher, timeout=90)
+    out = run("scripts/regroup.py", launcher=launcher, timeout=90)
     assert out.count("regroup OK") == 2, out[-3000:]
 
 
 @pytest.fixture(scope="module")
 def gloo_ddp_losses():
-    return tagged(run("ddp_script.py", "gloo", launcher="torchrun"), "LOSSES")
+    return tagged(run("scripts/ddp.py", "gloo", launcher="torchrun"), "LOSSES")
 
 
 def test_ddp_and_fsdp_on_mcr_match_plain_gloo_through_the_runtime(gloo_ddp_losses):
-    out = run("ddp_script.py", "mcr")
+    out = run("scripts/ddp.py", "mcr")
     assert_same_losses(tagged(out, "LOSSES"), gloo_ddp_losses)
     logs = tagged(out, "COMMLOG")
     ddp, fsdp = families(logs["ddp 0"]), families(logs["fsdp 1"])
@@ -60,7 +60,7 @@ def test_ddp_and_fsdp_on_mcr_match_plain_gloo_through_the_runtime(gloo_ddp_losse
 def test_ddp_and_fsdp_without_the_progress_thread_match_plain_gloo(gloo_ddp_losses, env):
     """The reducer's futures complete at `get_future()` (no thread sets them later): one set
     there before its op is done hands DDP gradients not yet all-reduced, and the losses drift."""
-    out = run("ddp_script.py", "mcr", env={**env, "MCR_WATCHDOG_TIMEOUT": "60"}, timeout=150)
+    out = run("scripts/ddp.py", "mcr", env={**env, "MCR_WATCHDOG_TIMEOUT": "60"}, timeout=150)
     assert_same_losses(tagged(out, "LOSSES"), gloo_ddp_losses)
     assert families(tagged(out, "COMMLOG")["ddp 0"]).get("all_reduce") == {"mpi"}, out[-3000:]
 
@@ -83,12 +83,12 @@ def test_uncaught_exception_after_init_process_group_prints_its_traceback():
     # torch's excepthook buffers stderr around the runtime's aborting one; nothing may be lost.
     # Both ranks write to one pipe, so their tracebacks may interleave piece by piece (the
     # exception's type and its message are separate writes): look for each piece.
-    result = run_script(2, os.path.join(HERE, "raise_script.py"), launcher="torchrun", timeout=120)
+    result = run_script(2, os.path.join(HERE, "scripts", "raise_in_rank.py"), launcher="torchrun", timeout=120)
     assert result.returncode != 0
     for rank in (0, 1):
         assert f"rank {rank} uncaught after init_process_group" in result.output, result.output[-3000:]
         assert f"rank {rank} ended with AssertionError" in result.output, result.output[-3000:]
-    assert result.output.count('raise_script.py", line 9, in <module>') == 2, result.output[-3000:]
+    assert result.output.count('raise_in_rank.py", line 9, in <module>') == 2, result.output[-3000:]
 
 
 @pytest.mark.parametrize(
@@ -103,7 +103,7 @@ def test_uncaught_exception_after_init_process_group_prints_its_traceback():
 def test_abort_with_an_op_in_flight_returns_at_once_and_the_job_goes_on_or_ends(launcher, backend, what):
     # rank 0 aborts with an all-reduce in flight that rank 1 never joins: torch's abort waits for
     # neither; the watchdog's 30 s would end a job whose abort waited for the op
-    script = os.path.join(HERE, "abort_script.py")
+    script = os.path.join(HERE, "scripts", "abort.py")
     result = run_script(2, script, backend, what, launcher=launcher, env={"MCR_WATCHDOG_TIMEOUT": "30"}, timeout=120)
     assert result.returncode == 0, result.output[-3000:]
     took = re.search(r"rank 0 aborted in ([0-9.]+) s", result.output)
@@ -122,7 +122,7 @@ def test_spawn_started_ranks_run_without_launcher_variables(world):
     and world size torch was given are the truth; gloo runs on torch's store (no MPI world)."""
     env = {**clean_env(), "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
-        [sys.executable, os.path.join(HERE, "spawn_script.py"), str(world)],
+        [sys.executable, os.path.join(HERE, "scripts", "spawn.py"), str(world)],
         env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -19,8 +19,8 @@ SPLIT_TABLE = textwrap.dedent("""\
 def test_sharded_dlrm_on_mcr_matches_gloo_with_size_split_all_to_all(tmp_path):
     table = tmp_path / "split.yaml"
     table.write_text(SPLIT_TABLE)
-    out = run("torchrec_script.py", "mcr", env={"LOCAL_WORLD_SIZE": "2", "MCR_TUNING_FILE": str(table)})
-    baseline = run("torchrec_script.py", "gloo", launcher="torchrun")
+    out = run("scripts/torchrec_dlrm.py", "mcr", env={"LOCAL_WORLD_SIZE": "2", "MCR_TUNING_FILE": str(table)})
+    baseline = run("scripts/torchrec_dlrm.py", "gloo", launcher="torchrun")
     assert tagged(out, "PLAN")["0"] == ["column_wise", "row_wise", "table_row_wise", "table_wise"]
     assert_same_losses(tagged(out, "LOSSES"), tagged(baseline, "LOSSES"))
     for rank in ("0", "1"):

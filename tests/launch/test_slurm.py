@@ -181,7 +181,7 @@ def test_a_rank_killed_under_srun_fails_the_job_and_resume_continues_its_run(slu
     # rank 0 SIGKILLed after every rank wrote step 4's checkpoint, before `latest` names it
     common = ["train.steps=6", "checkpoint.enabled=true", "checkpoint.interval=2", "log_interval=1", "progress=false"]
     args = ["step_000004", "apps.moe", "--config", "configs/moe/tiny.yaml", *common]
-    job = Job(load_system(system), 1, 600, str(tmp_path / "job"), "moe", "moe", args, module="tests.apps.fault_script")
+    job = Job(load_system(system), 1, 600, str(tmp_path / "job"), "moe", "moe", args, module="tests.apps.scripts.fault")
     job_id = submit("slurm", write_script(job), cwd=job.job_dir)
     assert wait("slurm", [job_id], DEADLINE_S)[job_id] == "FAILED"  # srun --kill-on-bad-exit ended the job
     text = read(os.path.join(job.job_dir, f"job-{job_id}.out"))

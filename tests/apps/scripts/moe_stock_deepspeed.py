@@ -1,6 +1,6 @@
 """The MoE trainer's reference without mcr: stock DeepSpeed on plain gloo, mcr never imported.
 
-    torchrun --nproc-per-node 2 moe_stock_deepspeed_script.py RUN_DIR OUT.json
+    torchrun --nproc-per-node 2 moe_stock_deepspeed.py RUN_DIR OUT.json
 
 Reads the resolved config.yaml, ds_config.json and summary.json (its thread count) an `apps.moe`
 run wrote in RUN_DIR, builds the same model with the same seed, and trains it with

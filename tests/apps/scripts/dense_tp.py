@@ -1,6 +1,6 @@
 """Tensor parallelism against one rank, on N real ranks (run by tests/apps/test_dense_tp.py).
 
-    python -m launch.local -n 2 tests/apps/dense_tp_script.py STEPS
+    python -m launch.local -n 2 tests/apps/scripts/dense_tp.py STEPS
 
 Every rank builds three copies of the same GPT (same seeds): the single-rank reference (no
 group: no communication), the tensor-parallel model over all ranks, and the same with sequence

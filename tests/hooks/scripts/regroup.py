@@ -8,7 +8,7 @@ all-reduce (on one node: its intra-node phase), whose node groups are made for t
 destroyed with it: the threads left at the end are those there were before the first group, and
 under mpiexec the MPI communicators too (each is a context, and MPI has few).
 
-    python -m launch.local -n 2 --launcher torchrun tests/hooks/regroup_script.py
+    python -m launch.local -n 2 --launcher torchrun -m tests.hooks.scripts.regroup
 """
 
 import gc

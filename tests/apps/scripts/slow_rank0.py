@@ -1,4 +1,4 @@
-"""Run a trainer's entry with rank 0 arriving late: `python slow_rank0_script.py SECONDS MODULE ARGS...`.
+"""Run a trainer's entry with rank 0 arriving late: `python slow_rank0.py SECONDS MODULE ARGS...`.
 
 Rank 0 sleeps before the trainer starts, as a rank whose imports took longer would, so every other
 rank meets a config error first.

@@ -1,7 +1,7 @@
 """Train a sharded DLRM with TorchRec DistributedModelParallel on 2 ranks (CPU).
 
-    LOCAL_WORLD_SIZE=2 python -m launch.local -n 2 tests/hooks/torchrec_script.py mcr
-    python -m launch.local -n 2 --launcher torchrun tests/hooks/torchrec_script.py gloo
+    LOCAL_WORLD_SIZE=2 python -m launch.local -n 2 -m tests.hooks.scripts.torchrec_dlrm mcr
+    python -m launch.local -n 2 --launcher torchrun -m tests.hooks.scripts.torchrec_dlrm gloo
 
 Tables are row-wise, table-row-wise, table-wise and column-wise sharded (the first two need
 mcr.hooks.torchrec's sharder on CPU). Inputs have a random number of ids per sample, so the
@@ -9,10 +9,8 @@ KJT exchange is an uneven all-to-all. Prints `LOSSES <rank> <json>`, `PLAN <rank
 and, for mcr, `COMMLOG <rank> <json>`.
 """
 
-import json
 import sys
 
-import stock_exit  # tests/hooks/stock_exit.py, beside this script
 import torch
 import torch.distributed as dist
 from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, KeyedJaggedTensor
@@ -24,6 +22,8 @@ from torchrec.optim.keyed import KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
 from mcr.hooks.torchrec import cpu_sharders
+from tests.hooks import stock_exit
+from tests.report import report
 
 SHARDING = {"t_rw": "row_wise", "t_twrw": "table_row_wise", "t_tw": "table_wise", "t_cw": "column_wise"}
 ROWS, DIM, BATCH, STEPS = 40, 8, 6, 4
@@ -76,13 +76,13 @@ def main(mode):
         dense.step()
         losses.append(loss.item())
     used = sorted({ps.sharding_type for ps in plan.plan["sparse_arch.embedding_bag_collection"].values()})
-    print(f"PLAN {rank} {json.dumps(used)}", flush=True)
-    print(f"LOSSES {rank} {json.dumps(losses)}", flush=True)
+    report("PLAN", rank, value=used)
+    report("LOSSES", rank, value=losses)
     if mode == "mcr":
         import mcr
 
         rows = [[r["op"], r["backend"], r["bytes"], r["count"]] for r in mcr.runtime().comm_log.rows()]
-        print(f"COMMLOG {rank} {json.dumps(rows)}", flush=True)
+        report("COMMLOG", rank, value=rows)
     if mode != "mcr":
         stock_exit.leave()
     dist.barrier()  # no rank tears gloo down while its peer still talks

@@ -1,6 +1,6 @@
 """Train a DeepSpeed-MoE model (expert parallel 2) and a ZeRO-2 model on 2 ranks, on CPU.
 
-    DS_ACCELERATOR=cpu python -m launch.local -n 2 tests/hooks/deepspeed_script.py mcr|gloo
+    DS_ACCELERATOR=cpu python -m launch.local -n 2 -m tests.hooks.scripts.deepspeed_hook mcr|gloo
 
 "gloo": stock `deepspeed.init_distributed("gloo")`. "mcr": `mcr.hooks.deepspeed.install()` instead
 of it. "after": `deepspeed.init_distributed("gloo")`, then `install()`.
@@ -8,18 +8,19 @@ Every rank prints `LOSSES <model> <rank> <json>`; in mcr mode also `COMMLOG <ran
 (the runtime's rows: op family, backend, bytes, count).
 """
 
-import json
 import os
 import sys
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import deepspeed  # noqa: E402
-import stock_exit  # noqa: E402  tests/hooks/stock_exit.py, beside this script
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from deepspeed.moe.layer import MoE  # noqa: E402
 from deepspeed.moe.utils import split_params_into_different_moe_groups_for_optimizer  # noqa: E402
+
+from tests.hooks import stock_exit  # noqa: E402
+from tests.report import report
 
 HIDDEN, STEPS, MICRO = 16, 4, 8
 
@@ -77,7 +78,7 @@ def train(name, model, zero_stage, rank, world):
         engine.backward(loss)
         engine.step()
         losses.append(loss.item())
-    print(f"LOSSES {name} {rank} {json.dumps(losses)}", flush=True)
+    report("LOSSES", name, rank, value=losses)
 
 
 def main(mode):
@@ -98,7 +99,7 @@ def main(mode):
         import mcr
 
         rows = [[r["op"], r["backend"], r["bytes"], r["count"]] for r in mcr.runtime().comm_log.rows()]
-        print(f"COMMLOG {rank} {json.dumps(rows)}", flush=True)
+        report("COMMLOG", rank, value=rows)
     # DeepSpeed's engines hold plain gloo groups in every mode (its own helper groups), so every
     # mode leaves as stock torch's gloo reference runs do
     stock_exit.leave()

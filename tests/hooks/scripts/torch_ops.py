@@ -1,6 +1,6 @@
 """Every torch.distributed op on backend "mcr" against the expected values (run on 2+ ranks).
 
-    python -m launch.local -n 2 tests/hooks/ops_script.py [mcr|helper]
+    python -m launch.local -n 2 -m tests.hooks.scripts.torch_ops [mcr|helper]
 
 "mcr": dist.init_process_group(backend="mcr") (torchrun); "helper": the runtime first, via
 mcr.hooks.torch_backend.init_process_group (any launcher). Prints "OK <rank> <backends>".

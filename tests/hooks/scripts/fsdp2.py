@@ -1,24 +1,24 @@
 """FSDP2 (`fully_shard`) training and DTensor redistributes on 2+ ranks; prints what each gives.
 
-    python -m launch.local -n 2 tests/hooks/fsdp2_script.py mcr          # backend "mcr" (any launcher)
-    python -m launch.local -n 2 --launcher torchrun tests/hooks/fsdp2_script.py gloo
+    python -m launch.local -n 2 -m tests.hooks.scripts.fsdp2 mcr          # backend "mcr" (any launcher)
+    python -m launch.local -n 2 --launcher torchrun -m tests.hooks.scripts.fsdp2 gloo
 
 Prints `LOSSES fsdp2 <rank> <json>`, `DTENSOR <rank> <json>` (each redistribute's result,
 gathered whole) and, for mcr, `COMMLOG all <rank> <json>` (the runtime's calls: op, backend,
 bytes, count). Both go through torch's functional collectives, as torchtitan's do.
 """
 
-import json
 import sys
 
-import fit  # tests/hooks/fit.py, beside this script
-import stock_exit  # beside this script
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import Partial, Replicate, Shard, distribute_tensor
+
+from tests.hooks import fit, stock_exit
+from tests.report import report
 
 
 def fsdp2_losses(rank, mesh, steps=5):
@@ -55,13 +55,13 @@ def main(mode):
         dist.init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
     mesh = init_device_mesh("cpu", (n,))
-    print(f"LOSSES fsdp2 {rank} {json.dumps(fsdp2_losses(rank, mesh))}", flush=True)
-    print(f"DTENSOR {rank} {json.dumps(redistributes(rank, n, mesh))}", flush=True)
+    report("LOSSES", "fsdp2", rank, value=fsdp2_losses(rank, mesh))
+    report("DTENSOR", rank, value=redistributes(rank, n, mesh))
     if mode == "mcr":
         import mcr
 
         rows = [[r["op"], r["backend"], r["bytes"], r["count"]] for r in mcr.runtime().comm_log.rows()]
-        print(f"COMMLOG all {rank} {json.dumps(rows)}", flush=True)
+        report("COMMLOG", "all", rank, value=rows)
     if mode != "mcr":
         stock_exit.leave()
     dist.barrier()

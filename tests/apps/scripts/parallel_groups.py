@@ -1,6 +1,6 @@
 """Build ParallelDims' groups on real ranks and check each one by talking over it.
 
-    parallel_groups_script.py torch|deepspeed TP PP EP
+    parallel_groups.py torch|deepspeed TP PP EP
 
 Starts communication the way an app of that kind does (setup_torch_comm or
 setup_deepspeed_comm), builds every group, then on each of this rank's groups gathers the

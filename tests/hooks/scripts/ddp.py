@@ -1,21 +1,21 @@
 """Train a small model with DDP, then with FSDP, on 2 ranks; print each rank's losses.
 
-    python -m launch.local -n 2 tests/hooks/ddp_script.py mcr     # backend "mcr" (any launcher)
-    python -m launch.local -n 2 --launcher torchrun tests/hooks/ddp_script.py gloo
+    python -m launch.local -n 2 -m tests.hooks.scripts.ddp mcr     # backend "mcr" (any launcher)
+    python -m launch.local -n 2 --launcher torchrun -m tests.hooks.scripts.ddp gloo
 
 Prints `LOSSES <ddp|fsdp> <rank> <json>` and, for mcr, `COMMLOG <ddp|fsdp> <rank> <json>`
 (the runtime's calls during that run: op, backend, bytes, count).
 """
 
-import json
 import sys
 
-import fit  # tests/hooks/fit.py, beside this script
-import stock_exit  # beside this script
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from tests.hooks import fit, stock_exit
+from tests.report import report
 
 
 def wrap(model, how):
@@ -36,7 +36,7 @@ def train(how, rank):
     torch.manual_seed(0)
     model = wrap(nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)), how)
     losses = fit.losses(model, torch.optim.SGD(model.parameters(), lr=0.1), rank, 5)
-    print(f"LOSSES {how} {rank} {json.dumps(losses)}", flush=True)
+    report("LOSSES", how, rank, value=losses)
 
 
 def main(mode):
@@ -52,7 +52,7 @@ def main(mode):
         train(how, rank)
         if mode == "mcr":  # the runtime's rows this wrapper added: [op, backend, bytes, calls]
             rows = [[*key[:3], n - before.get(key, 0)] for key, n in comm_counts().items() if n > before.get(key, 0)]
-            print(f"COMMLOG {how} {rank} {json.dumps(rows)}", flush=True)
+            report("COMMLOG", how, rank, value=rows)
     if mode != "mcr":
         stock_exit.leave()
     dist.barrier()  # no rank tears gloo down while its peer still talks

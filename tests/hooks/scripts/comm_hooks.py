@@ -1,7 +1,7 @@
 """Train a small model with DDP under each of torch's DDP communication hooks; print the losses.
 
-    python -m launch.local -n 2 tests/hooks/comm_hooks_script.py mcr one|many [hook ...]
-    python -m launch.local -n 2 --launcher torchrun tests/hooks/comm_hooks_script.py gloo one [hook ...]
+    python -m launch.local -n 2 -m tests.hooks.scripts.comm_hooks mcr one|many [hook ...]
+    python -m launch.local -n 2 --launcher torchrun -m tests.hooks.scripts.comm_hooks gloo one [hook ...]
 
 Prints `LOSSES <hook> <rank> <json>` per hook, and for mcr `COMMLOG <hook> <rank> <json>` (the
 runtime's calls during that hook's run: op, backend, bytes, count). `one`: the whole model in one
@@ -10,11 +10,8 @@ collectives while backward issues the next bucket's (plain gloo fails there: its
 backward race for the same op order, "Received data size doesn't match expected size").
 """
 
-import json
 import sys
 
-import fit  # tests/hooks/fit.py, beside this script
-import stock_exit  # beside this script
 import torch
 import torch.distributed as dist
 import torch.nn as nn
@@ -23,6 +20,9 @@ from torch.distributed.algorithms.ddp_comm_hooks import post_localSGD_hook as po
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as power
 from torch.distributed.algorithms.ddp_comm_hooks import quantization_hooks as quantization
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from tests.hooks import fit, stock_exit
+from tests.report import report
 
 STEPS = 6
 BUCKET_MB = {"one": 25, "many": 0.01}  # many: ~10 KB buckets, a bucket per layer
@@ -68,7 +68,7 @@ def train(name, rank, buckets):
         state, hook = HOOKS[name]()
         ddp.register_comm_hook(state, hook)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
-    print(f"LOSSES {name} {rank} {json.dumps(fit.losses(ddp, opt, rank, STEPS))}", flush=True)
+    report("LOSSES", name, rank, value=fit.losses(ddp, opt, rank, STEPS))
 
 
 def comm_counts():
@@ -114,7 +114,7 @@ def main(mode, buckets, names):
         train(name, rank, buckets)
         if mode == "mcr":
             rows = [[*key, n - before.get(key, 0)] for key, n in comm_counts().items() if n > before.get(key, 0)]
-            print(f"COMMLOG {name} {rank} {json.dumps(rows)}", flush=True)
+            report("COMMLOG", name, rank, value=rows)
     if mode != "mcr":
         stock_exit.leave()
     dist.barrier()

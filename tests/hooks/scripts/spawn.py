@@ -1,6 +1,6 @@
 """Backend "mcr" in processes no launcher started, as torch's DDP tutorial starts them:
 
-    python tests/hooks/spawn_script.py N      # N ranks by torch.multiprocessing.spawn, file:// rendezvous
+    python tests/hooks/scripts/spawn.py N      # N ranks by torch.multiprocessing.spawn, file:// rendezvous
 
 Each rank prints `SPAWN <rank> <json>`: what the runtime says of its place, an all-reduce of
 distinct data, who sent a receive from any source, and an all_gather_coalesced.

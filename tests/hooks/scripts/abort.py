@@ -4,7 +4,7 @@ WHAT world: the whole runtime is aborted, and the process then exits; rank 1 sta
 the op, until rank 0 has aborted. WHAT group: the op is on a subgroup, which alone is aborted;
 the world's ops go on after it.
 
-abort_script.py BACKEND world|group"""
+abort.py BACKEND world|group"""
 
 import sys
 import time

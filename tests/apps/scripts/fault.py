@@ -1,4 +1,4 @@
-"""Run a trainer with a rank killed mid-save: `python fault_script.py [FAULT:]TAG MODULE ARGS...`.
+"""Run a trainer with a rank killed mid-save: `python fault.py [FAULT:]TAG MODULE ARGS...`.
 
 FAULT says where checkpoint TAG's save is cut, by SIGKILL:
 
@@ -84,6 +84,6 @@ elif fault == "shard" and rank == 1:
 
     FileSystem.create_stream = stream_then_maybe_die  # torch.distributed.checkpoint's writer (dlrm)
 elif fault != "shard":  # shard on rank 0: nothing to cut
-    raise SystemExit(f"fault_script: unknown fault {fault!r}; choose mark, rename or shard")
+    raise SystemExit(f"fault.py: unknown fault {fault!r}; choose mark, rename or shard")
 sys.argv = [module, *sys.argv[3:]]
 runpy.run_module(module, run_name="__main__", alter_sys=True)

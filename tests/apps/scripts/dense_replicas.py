@@ -1,7 +1,7 @@
 """The one-process reference for data parallelism: the dense trainer on one rank, reading in
 each micro-batch the batches every data-parallel replica of the compared run reads.
 
-    python tests/apps/dense_replicas_script.py REPLICAS --config configs/dense/tiny.yaml train.micro_batch=8 ...
+    python tests/apps/scripts/dense_replicas.py REPLICAS --config configs/dense/tiny.yaml train.micro_batch=8 ...
 
 `train.micro_batch` must be REPLICAS x the compared run's: each micro-batch is replica 0's
 batch, then replica 1's, ... (the same `TokenBatches` draws, rank = replica). The mean loss over

@@ -1,6 +1,6 @@
 """Train the dense app (apps.dense) while recording every process group this rank makes.
 
-    dense_groups_script.py RECORD_DIR [apps.dense arguments ...]
+    dense_groups.py RECORD_DIR [apps.dense arguments ...]
 
 Every group creation passes through one of two calls: `torch.distributed.new_group` (DeepSpeed's
 groups, through deepspeed.comm, and anyone else's torch groups) and the runtime's
