@@ -9,15 +9,20 @@ reports its results with `tests.report.report` and the test reads them back, per
 
 from __future__ import annotations
 
+import atexit
+import functools
+import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 
 import pytest
 
 from launch.local import find_mpiexec, mpiexec_command, mpiexec_family, torchrun_command
-from tests import report
+from tests import forkclient, report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -113,6 +118,14 @@ def run_ranks(
         cmd = torchrun_command(nprocs, target)
     else:
         cmd = mpiexec_command(nprocs, target)
+    client = fork_server(launcher)
+    if client:
+        full_env[forkclient.SOCKET_VAR] = client + ".socket"
+        if launcher == "torchrun":
+            full_env["PYTHON_EXEC"] = client  # the ranks torchrun starts
+            cmd[0] = client  # torchrun itself
+        else:
+            cmd[len(cmd) - len(target) - 1] = client  # the python mpiexec starts per rank
     try:
         proc = subprocess.run(
             cmd, env=full_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
@@ -121,6 +134,42 @@ def run_ranks(
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         raise AssertionError(f"ranks did not finish in {timeout} s:\n{out[-6000:]}") from None
     return Result(proc.returncode, proc.stdout)
+
+
+def fork_server(launcher: str) -> str | None:
+    """The rank-starting client of this session's fork server (tests/forkserver.py), started on
+    first use; None where it is turned off (MCR_TEST_FORKSERVER=0) or the launcher is Hydra,
+    whose ranks inherit a file descriptor a forked rank would not have."""
+    if os.environ.get("MCR_TEST_FORKSERVER") == "0" or (launcher == "mpiexec" and under_hydra()):
+        return None
+    return _start_fork_server()
+
+
+@functools.cache
+def _start_fork_server() -> str:
+    where = tempfile.mkdtemp(prefix="mcr-forkserver-")
+    client = os.path.join(where, "python")
+    env = rank_env()
+    server = subprocess.Popen(
+        [sys.executable, "-u", "-m", "tests.forkserver", client + ".socket"],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    atexit.register(shutil.rmtree, where, True)
+    atexit.register(server.kill)
+    if server.stdout.readline().strip() != b"ready":
+        raise AssertionError(f"tests/forkserver.py did not start (exit code {server.wait()})")
+    with open(client + ".socket.env", "w") as f:
+        json.dump(forkclient.startup_vars(env), f)
+    with open(forkclient.__file__) as f:
+        source = f.read()
+    with open(client, "w") as f:
+        f.write(f"#!{sys.executable} -S\n{source}")
+    os.chmod(client, 0o755)
+    return client
 
 
 def run_script(nprocs: int, path: str, *args, launcher="mpiexec", env=None, timeout=240) -> Result:

@@ -1,0 +1,110 @@
+"""The `python` a test launcher starts for each rank while tests/forkserver.py runs (standard
+library only, started with -S so it costs milliseconds).
+
+It asks the server to fork the rank with this process's argv, environment, directory and stdio,
+relays the signals it gets to that rank, and ends as the rank ended. Where the server cannot stand
+in for a fresh Python - another Python option, an environment that differs in what a process
+reads only at start, an MPI whose launcher hands its ranks a file descriptor (Hydra's PMI_FD), no
+server - it becomes one (exec), so a test never depends on the server being there.
+"""
+
+import array
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+
+SOCKET_VAR = "MCR_TEST_FORKSERVER_SOCKET"
+# read by the dynamic loader, OpenMP or Python when a process starts, so fixed in the server
+STARTUP_PREFIXES = ("LD_", "OMP_", "KMP_", "MKL_", "GOMP_", "PYTHON")
+PER_RUN = {"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHON_EXEC"}
+RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
+
+# Open MPI's mpiexec puts its own library directory (the venv's, from the PyPI wheel) on the ranks'
+# LD_LIBRARY_PATH; what is loaded from there is found without it (mpi4py's libmpi by its rpath)
+LAUNCHER_LIB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(sys.executable))), "lib")
+
+
+def startup_vars(env: dict) -> dict:
+    found = {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES) and k not in PER_RUN}
+    library_path = [p for p in found.pop("LD_LIBRARY_PATH", "").split(os.pathsep) if p and p != LAUNCHER_LIB]
+    if library_path:
+        found["LD_LIBRARY_PATH"] = os.pathsep.join(library_path)
+    return found
+
+
+def parse(argv: list[str]):
+    """(module or None, sys.argv for the target), or None where only a fresh Python will do."""
+    i = 0
+    while i < len(argv) and argv[i] == "-u":
+        i += 1
+    if i < len(argv) - 1 and argv[i] == "-m":
+        return argv[i + 1], argv[i + 1 :]
+    if i < len(argv) and not argv[i].startswith("-"):
+        return None, argv[i:]
+    return None
+
+
+def is_torchrun(target) -> bool:
+    return target is not None and target[0] == "torch.distributed.run"
+
+
+def fresh_python(env: dict) -> None:
+    os.execve(sys.executable, [sys.executable, *sys.argv[1:]], env)
+
+
+def main() -> None:
+    env = dict(os.environ)
+    target = parse(sys.argv[1:])
+    path = env.pop(SOCKET_VAR, "") if not is_torchrun(target) else env.get(SOCKET_VAR, "")
+    if env.get("PYTHON_EXEC") == sys.argv[0] and not is_torchrun(target):
+        del env["PYTHON_EXEC"]  # meant for torchrun, which passes it to its ranks
+    try:
+        with open(path + ".env") as f:
+            server_startup = json.load(f)
+    except (OSError, ValueError):
+        server_startup = None
+    if not path or target is None or "PMI_FD" in env or startup_vars(env) != server_startup:
+        fresh_python(env)
+    module, args = target
+    body = json.dumps({"module": module, "args": args, "env": env, "cwd": os.getcwd()}).encode()
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(path)
+        fds = array.array("i", [0, 1, 2])
+        conn.sendmsg([struct.pack("!I", len(body))], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)])
+        conn.sendall(body)
+    except OSError:
+        fresh_python(env)
+    for sig in RELAYED:
+        signal.signal(sig, lambda number, _frame: conn.sendall(f"{number}\n".encode()))
+    pending = b""
+    while True:
+        chunk = conn.recv(256)
+        if not chunk:
+            sys.stderr.write("forkclient: the fork server went away before the rank ended\n")
+            os._exit(1)
+        pending += chunk
+        for line in pending.split(b"\n")[:-1]:
+            word, value = line.split()
+            if word == b"exit":
+                end_as(int(value))
+        pending = pending.rsplit(b"\n", 1)[-1]
+
+
+def end_as(status: int) -> None:
+    """Exit with the rank's code, or die of the signal that killed it."""
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        if sig in RELAYED:
+            signal.signal(sig, signal.SIG_DFL)  # the relaying handler would only pass it on
+        os.kill(os.getpid(), sig)
+        os._exit(128 + sig)
+    os._exit(os.WEXITSTATUS(status))
+
+
+if __name__ == "__main__":
+    main()
