@@ -48,10 +48,6 @@ def parse(argv: list[str]):
     return None
 
 
-def is_torchrun(target) -> bool:
-    return target is not None and target[0] == "torch.distributed.run"
-
-
 def fresh_python(env: dict) -> None:
     os.execve(sys.executable, [sys.executable, *sys.argv[1:]], env)
 
@@ -59,9 +55,12 @@ def fresh_python(env: dict) -> None:
 def main() -> None:
     env = dict(os.environ)
     target = parse(sys.argv[1:])
-    path = env.pop(SOCKET_VAR, "") if not is_torchrun(target) else env.get(SOCKET_VAR, "")
-    if env.get("PYTHON_EXEC") == sys.argv[0] and not is_torchrun(target):
-        del env["PYTHON_EXEC"]  # meant for torchrun, which passes it to its ranks
+    if target is not None and target[0] == "torch.distributed.run":
+        path = env.get(SOCKET_VAR, "")  # torchrun passes both on to its ranks
+    else:
+        path = env.pop(SOCKET_VAR, "")
+        if env.get("PYTHON_EXEC") == sys.argv[0]:
+            del env["PYTHON_EXEC"]  # meant for torchrun
     try:
         with open(path + ".env") as f:
             server_startup = json.load(f)
@@ -81,18 +80,14 @@ def main() -> None:
         fresh_python(env)
     for sig in RELAYED:
         signal.signal(sig, lambda number, _frame: conn.sendall(f"{number}\n".encode()))
-    pending = b""
-    while True:
-        chunk = conn.recv(256)
+    reply = b""  # the rank's wait status, one line
+    while not reply.endswith(b"\n"):
+        chunk = conn.recv(64)
         if not chunk:
             sys.stderr.write("forkclient: the fork server went away before the rank ended\n")
             os._exit(1)
-        pending += chunk
-        for line in pending.split(b"\n")[:-1]:
-            word, value = line.split()
-            if word == b"exit":
-                end_as(int(value))
-        pending = pending.rsplit(b"\n", 1)[-1]
+        reply += chunk
+    end_as(int(reply))
 
 
 def end_as(status: int) -> None:

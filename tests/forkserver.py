@@ -27,6 +27,7 @@ import importlib
 import json
 import os
 import runpy
+import select
 import signal
 import socket
 import struct
@@ -84,8 +85,8 @@ def become_rank(request: dict, fds: list[int], server_path: list[str]) -> None:
 
 
 def relay(conn: socket.socket, server_path: list[str]) -> None:
-    """In the per-request relay: fork the rank, tell the client its pid, pass on the signals the
-    client receives, and report how the rank ended. A client that vanishes takes the rank with it."""
+    """In the per-request relay: fork the rank, pass on the signals the client receives, and report
+    how the rank ended. A client that vanishes takes the rank with it."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     request, fds = recv_request(conn)
     pid = os.fork()
@@ -94,15 +95,12 @@ def relay(conn: socket.socket, server_path: list[str]) -> None:
         become_rank(request, fds, server_path)
     for fd in fds:
         os.close(fd)
-    conn.sendall(f"pid {pid}\n".encode())
-    import select
-
     pidfd = os.pidfd_open(pid)
     while True:
         ready, _, _ = select.select([conn, pidfd], [], [])
         if pidfd in ready:
             _, status = os.waitpid(pid, 0)
-            conn.sendall(f"exit {status}\n".encode())
+            conn.sendall(f"{status}\n".encode())
             os._exit(0)
         message = conn.recv(256)
         if not message:  # the client was killed: end the rank and its group
