@@ -49,7 +49,7 @@ def test_node_aware_candidates_match_local_reference_across_nodes(cluster_slurm,
     as_lists = [[int(r) for r in g.split(",")] for g in groups]
     for r, count, _, host in oks:
         assert host == hosts[int(r)], oks
-        assert int(count) == expected_checks(int(r), 4, 2 + len(NODE_AWARE), as_lists), oks
+        assert int(count) == expected_checks(int(r), 4, 2, as_lists, node_aware=len(NODE_AWARE)), oks
     assert "cannot run" not in out, out[-3000:]
     rows = re.findall(r"^(\w+) +(node:\S+) ", out, re.M)  # rank 0's comm log: the ops under their labels
     assert {op for op, _ in rows} == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all"}, rows

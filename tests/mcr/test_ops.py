@@ -10,10 +10,12 @@ from tests.ranks import run_script
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 
-def expected_checks(rank: int, nprocs: int, num_backends: int, groups=()) -> int:
+def expected_checks(rank: int, nprocs: int, num_backends: int, groups=(), node_aware: int = 0) -> int:
     """How many results check_ops.py compares on `rank`: one per op and tensor, counted here
     from the script's plan (world, the subgroup {0, odd ranks}, a singleton, and the `groups`
-    given on its command line) so that a skipped op or a lost comparison fails the test."""
+    given on its command line) so that a skipped op or a lost comparison fails the test.
+    `node_aware`: how many node-aware candidates it was given (they run instead of the backends)."""
+    runs = node_aware or num_backends + 1  # each backend and the automatic choice
 
     def per_group(ranks):
         g, last = len(ranks), rank == ranks[-1]  # ranks[-1] is the root of reduce and gather
@@ -23,7 +25,7 @@ def expected_checks(rank: int, nprocs: int, num_backends: int, groups=()) -> int
         # even and uneven all_to_all_single, list all_to_all (g), send/recv when g > 1
         others = 1 + g + 1 + (g if last else 0) + 1 + 2 + g + (g > 1)
         per_backend = reduce_checks * per_reduce_op + 5 * others  # 5 dtypes
-        return 2 * (num_backends + 1) * per_backend  # sync and async, each backend and the automatic choice
+        return 2 * runs * per_backend  # sync and async
 
     sub = sorted({0} | set(range(1, nprocs, 2)))
     extra = sum(per_group(sorted(g)) for g in groups if rank in g)
@@ -64,7 +66,7 @@ def test_forced_node_aware_candidates_match_local_reference_on_one_node_and_log_
     oks = re.findall(r"rank (\d+): OK (\d+) checks", out)
     assert sorted(int(r) for r, _ in oks) == [0, 1, 2, 3], out[-3000:]
     for r, count in oks:
-        assert int(count) == expected_checks(int(r), 4, 2 + len(NODE_AWARE), [[0, 1], [2, 3]]), oks
+        assert int(count) == expected_checks(int(r), 4, 2, [[0, 1], [2, 3]], node_aware=len(NODE_AWARE)), oks
     assert "cannot run" not in out, out[-3000:]
     # the comm log shows the caller's op under its candidate's label, never its phases
     rows = re.findall(r"^(\w+) +(node:\S+) ", out, re.M)

@@ -2,8 +2,9 @@
 each dtype and reduce op, checked against a reference computed locally from known inputs.
 
 Usage: check_ops.py [node:INTRA+INTER ...] [RANKS ...]: node-aware candidates to run every op
-on as well (each op with a node-aware form runs as phases inside and between nodes, the others
-flat), and groups beyond the world, the subgroup and the singletons, each given as
+on instead of the backends and the automatic choice (each op with a node-aware form runs as
+phases inside and between nodes, the others flat; the flat runs are what a run without
+candidates checks), and groups beyond the world, the subgroup and the singletons, each given as
 comma-separated ranks (e.g. `0,1 2,3 1,2`: each node's ranks, and a pair across nodes); every
 rank creates each one, its members run the ops on it."""
 
@@ -22,7 +23,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.int32, torch.int64
 rt = mcr.init(comm_log=True)
 rank, n = mcr.get_rank(), mcr.get_world_size()
 labels = [arg for arg in sys.argv[1:] if arg.startswith("node:")]
-backends = list(rt.backends) + [None] + labels
+backends = labels or list(rt.backends) + [None]  # None: the automatic choice
 checked = 0
 
 
