@@ -121,7 +121,7 @@ def groups_of(rt, group) -> NodeGroups:
 
 
 # --- all-reduce --------------------------------------------------------------------------------
-def all_reduce(groups, phase, tensor, op):
+def all_reduce(groups, phase, tensor, reduce_op):
     flat, per = tensor.view(-1), groups.per_node
     n = flat.numel()
     part = -(-n // per)  # each local rank's share, the message padded to a multiple of L
@@ -129,9 +129,9 @@ def all_reduce(groups, phase, tensor, op):
     if whole is not flat:
         whole[:n].copy_(flat)
     mine = torch.empty(part, dtype=flat.dtype, device=flat.device)
-    phase("intra", "reduce_scatter_tensor", mine, whole, op)
+    phase("intra", "reduce_scatter_tensor", mine, whole, reduce_op)
     if groups.nodes > 1:
-        phase("inter", "all_reduce", mine, op)
+        phase("inter", "all_reduce", mine, reduce_op)
     phase("intra", "all_gather_into_tensor", whole, mine)
     if whole is not flat:
         flat.copy_(whole[:n])
@@ -162,7 +162,7 @@ def all_gather(groups, phase, output_list, tensor):
 
 
 # --- reduce-scatter --------------------------------------------------------------------------------
-def reduce_scatter_tensor(groups, phase, output, input, op):
+def reduce_scatter_tensor(groups, phase, output, input, reduce_op):
     nodes, per = groups.nodes, groups.per_node
     m = output.numel()
     blocks = input.view(-1, m)  # group rank order
@@ -171,12 +171,12 @@ def reduce_scatter_tensor(groups, phase, output, input, op):
     else:  # -> [local j][node k]: local rank j reduces what its peers at every node will own
         by_local = torch.cat([blocks[groups.rank_at[k][j]] for j in range(per) for k in range(nodes)])
     node_sum = torch.empty(nodes * m, dtype=output.dtype, device=output.device)
-    phase("intra", "reduce_scatter_tensor", node_sum, by_local, op)
-    phase("inter", "reduce_scatter_tensor", output.view(-1), node_sum, op)
+    phase("intra", "reduce_scatter_tensor", node_sum, by_local, reduce_op)
+    phase("inter", "reduce_scatter_tensor", output.view(-1), node_sum, reduce_op)
 
 
-def reduce_scatter(groups, phase, output, input_list, op):
-    reduce_scatter_tensor(groups, phase, output, torch.cat([t.reshape(-1) for t in input_list]), op)
+def reduce_scatter(groups, phase, output, input_list, reduce_op):
+    reduce_scatter_tensor(groups, phase, output, torch.cat([t.reshape(-1) for t in input_list]), reduce_op)
 
 
 # --- all-to-all ------------------------------------------------------------------------------------

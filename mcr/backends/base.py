@@ -90,10 +90,10 @@ class Backend:
         fn = getattr(self, method)
         return lambda *args: fn(comm, *args, async_op)
 
-    def all_reduce(self, g, tensor, op, async_op):
+    def all_reduce(self, g, tensor, reduce_op, async_op):
         raise NotImplementedError
 
-    def reduce(self, g, tensor, dst, op, async_op):
+    def reduce(self, g, tensor, dst, reduce_op, async_op):
         raise NotImplementedError
 
     def broadcast(self, g, tensor, src, async_op):
@@ -111,10 +111,10 @@ class Backend:
     def scatter(self, g, tensor, scatter_list, src, async_op):
         raise NotImplementedError
 
-    def reduce_scatter(self, g, output, input_list, op, async_op):
+    def reduce_scatter(self, g, output, input_list, reduce_op, async_op):
         raise NotImplementedError
 
-    def reduce_scatter_tensor(self, g, output, input, op, async_op):
+    def reduce_scatter_tensor(self, g, output, input, reduce_op, async_op):
         raise NotImplementedError
 
     def all_to_all(self, g, output_list, input_list, async_op):

@@ -311,13 +311,13 @@ class MPIBackend(Backend):
         if async_op:
             iallreduce = comm.Iallreduce
 
-            def issue_all_reduce(tensor, op):  # op is the route's
+            def issue_all_reduce(tensor, reduce_op):  # reduce_op is the route's
                 return from_mpi_request(iallreduce(in_place, buffer_of(tensor), mpi_op), tensor)
 
             return issue_all_reduce
         allreduce = comm.Allreduce
 
-        def all_reduce(tensor, op):  # op is the route's
+        def all_reduce(tensor, reduce_op):  # reduce_op is the route's
             allreduce(in_place, buffer_of(tensor), mpi_op)
 
         return all_reduce
@@ -329,15 +329,15 @@ class MPIBackend(Backend):
     def _typed(self, t):
         return [self._mem(t.data_ptr(), t.nbytes), self._dtypes[t.dtype]]
 
-    def _op(self, t, op):
-        return self._ops_for[t.dtype][op]
+    def _mpi_op(self, t, reduce_op):
+        return self._ops_for[t.dtype][reduce_op]
 
     # --- ops -----------------------------------------------------------------------------------
-    def all_reduce(self, g, tensor, op, async_op):
+    def all_reduce(self, g, tensor, reduce_op, async_op):
         dtype, nbytes = tensor.dtype, tensor.nbytes  # the hot path: each attribute read counts
         if dtype in self._upcast and nbytes < UPCAST_BELOW:
-            return self._all_reduce_upcast(g, tensor, op, async_op)
-        buf, mpi_op = [self._mem(tensor.data_ptr(), nbytes), self._dtypes[dtype]], self._ops_for[dtype][op]
+            return self._all_reduce_upcast(g, tensor, reduce_op, async_op)
+        buf, mpi_op = [self._mem(tensor.data_ptr(), nbytes), self._dtypes[dtype]], self._ops_for[dtype][reduce_op]
         if async_op:
             in_place = self._in_place
             if nbytes < WORKER_FROM:  # checked here first: the small op's issue skips a lambda and a call
@@ -346,20 +346,20 @@ class MPIBackend(Backend):
             return handle or from_mpi_request(g.Iallreduce(in_place, buf, mpi_op), tensor)
         g.Allreduce(self._in_place, buf, mpi_op)
 
-    def _all_reduce_upcast(self, g, tensor, op, async_op):
+    def _all_reduce_upcast(self, g, tensor, reduce_op, async_op):
         wide = tensor.float()
-        handle = self.all_reduce(g, wide, op, async_op)
+        handle = self.all_reduce(g, wide, reduce_op, async_op)
         if handle is None:
             tensor.copy_(wide)
             return None
         return handle.then(lambda: tensor.copy_(wide))
 
-    def reduce(self, g, tensor, dst, op, async_op):
+    def reduce(self, g, tensor, dst, reduce_op, async_op):
         send = self._in_place if g.Get_rank() == dst else self._typed(tensor)
         recv = self._typed(tensor) if g.Get_rank() == dst else None
         if async_op:
-            return from_mpi_request(g.Ireduce(send, recv, self._op(tensor, op), dst), tensor)
-        g.Reduce(send, recv, self._op(tensor, op), dst)
+            return from_mpi_request(g.Ireduce(send, recv, self._mpi_op(tensor, reduce_op), dst), tensor)
+        g.Reduce(send, recv, self._mpi_op(tensor, reduce_op), dst)
 
     def broadcast(self, g, tensor, src, async_op):
         if async_op:
@@ -410,17 +410,17 @@ class MPIBackend(Backend):
         packed = torch.stack([t.view_as(tensor) for t in scatter_list]) if g.Get_rank() == src else None
         return self._scatter_packed(g, tensor, packed, src, async_op)
 
-    def reduce_scatter_tensor(self, g, output, input, op, async_op):
-        send, recv, mpi_op = self._typed(input), self._typed(output), self._op(input, op)
+    def reduce_scatter_tensor(self, g, output, input, reduce_op, async_op):
+        send, recv, mpi_op = self._typed(input), self._typed(output), self._mpi_op(input, reduce_op)
         if async_op:
             keep = (output, input)  # mpi4py keeps neither alive
             handle = self._on_worker(g, input.nbytes, lambda c: c.Reduce_scatter_block(send, recv, mpi_op), keep)
             return handle or from_mpi_request(g.Ireduce_scatter_block(send, recv, mpi_op), keep)
         g.Reduce_scatter_block(send, recv, mpi_op)
 
-    def reduce_scatter(self, g, output, input_list, op, async_op):
+    def reduce_scatter(self, g, output, input_list, reduce_op, async_op):
         packed = torch.cat([t.reshape(-1) for t in input_list])
-        return self.reduce_scatter_tensor(g, output, packed, op, async_op)
+        return self.reduce_scatter_tensor(g, output, packed, reduce_op, async_op)
 
     def _all_to_all_v(self, g, output, input, out_bytes, in_bytes, async_op):
         send = [self._mem(input.data_ptr(), input.nbytes), (in_bytes, _offsets(in_bytes)), self._byte]

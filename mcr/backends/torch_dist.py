@@ -70,22 +70,22 @@ class TorchDistBackend(Backend):
         return None
 
     @staticmethod
-    def _reduce_opts(cache, make, op):
-        opts = cache.get(op)
+    def _reduce_opts(cache, make, reduce_op):
+        opts = cache.get(reduce_op)
         if opts is None:
-            opts = cache[op] = make()
-            opts.reduceOp = REDUCE_OPS[op]
+            opts = cache[reduce_op] = make()
+            opts.reduceOp = REDUCE_OPS[reduce_op]
         return opts
 
-    def _ar_opts(self, op):
-        return self._reduce_opts(self._allreduce_opts, dist.AllreduceOptions, op)
+    def _ar_opts(self, reduce_op):
+        return self._reduce_opts(self._allreduce_opts, dist.AllreduceOptions, reduce_op)
 
-    def all_reduce(self, g, tensor, op, async_op):
-        return self._handle_or_wait(g.allreduce([tensor], self._ar_opts(op)), async_op)
+    def all_reduce(self, g, tensor, reduce_op, async_op):
+        return self._handle_or_wait(g.allreduce([tensor], self._ar_opts(reduce_op)), async_op)
 
-    def reduce(self, g, tensor, dst, op, async_op):
+    def reduce(self, g, tensor, dst, reduce_op, async_op):
         opts = dist.ReduceOptions()
-        opts.reduceOp, opts.rootRank, opts.rootTensor = REDUCE_OPS[op], dst, 0
+        opts.reduceOp, opts.rootRank, opts.rootTensor = REDUCE_OPS[reduce_op], dst, 0
         return self._handle_or_wait(g.reduce([tensor], opts), async_op)
 
     def broadcast(self, g, tensor, src, async_op):
@@ -111,15 +111,15 @@ class TorchDistBackend(Backend):
         inputs = [scatter_list] if scatter_list is not None else []
         return self._handle_or_wait(g.scatter([tensor], inputs, opts), async_op)
 
-    def _rs_opts(self, op):
-        return self._reduce_opts(self._reduce_scatter_opts, dist.ReduceScatterOptions, op)
+    def _rs_opts(self, reduce_op):
+        return self._reduce_opts(self._reduce_scatter_opts, dist.ReduceScatterOptions, reduce_op)
 
-    def reduce_scatter(self, g, output, input_list, op, async_op):
-        work = g.reduce_scatter([output], [input_list], self._rs_opts(op))
+    def reduce_scatter(self, g, output, input_list, reduce_op, async_op):
+        work = g.reduce_scatter([output], [input_list], self._rs_opts(reduce_op))
         return self._completing(self._handle_or_wait(work, async_op), self.reduce_scatter_completes_alone)
 
-    def reduce_scatter_tensor(self, g, output, input, op, async_op):
-        work = _reduce_scatter_single(g, output, input, self._rs_opts(op))
+    def reduce_scatter_tensor(self, g, output, input, reduce_op, async_op):
+        work = _reduce_scatter_single(g, output, input, self._rs_opts(reduce_op))
         return self._completing(self._handle_or_wait(work, async_op), self.reduce_scatter_completes_alone)
 
     def all_to_all(self, g, output_list, input_list, async_op):
