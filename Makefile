@@ -55,8 +55,10 @@ setup: $(if $(filter 1,$(GPU)),$(GPU_STAMP),$(STAMP))
 run: setup
 	$(PY) -m launch.local -n 2 -m apps.moe --config configs/moe/default.yaml
 
+# The venv's tools first, as an activated venv has them: DeepSpeed builds its ops with the first
+# ninja on PATH, and ops built by another ninja version are built again (about a minute each time)
 test: setup
-	$(PY) -m pytest -q tests
+	PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(PY) -m pytest -q tests
 
 lint: setup
 	$(VENV)/bin/ruff format --check .

@@ -87,15 +87,21 @@ def clean_env() -> dict:
     return {k: v for k, v in os.environ.items() if k not in LAUNCHER_NAMES and not k.startswith(LAUNCHER_PREFIXES)}
 
 
+def venv_first(env: dict) -> str:
+    """`env`'s PATH with the venv's tools first, as an activated venv and the job scripts have it:
+    DeepSpeed builds its ops with the first ninja on PATH, and ops built by another ninja are
+    rebuilt (the venv's 1.13 and this machine's 1.11 hash build commands differently), about a
+    minute each time the two alternate."""
+    return os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+
+
 def rank_env(env: dict | None = None) -> dict:
     """What the ranks' launcher is given: a clean environment, the repository importable, `env` on top."""
     full_env = clean_env()
     full_env.update(
         {
             "PYTHONPATH": REPO + os.pathsep + full_env.get("PYTHONPATH", ""),
-            # the venv's tools first, as an activated venv and the job scripts have them: DeepSpeed
-            # builds its ops with the first ninja, and one built by another ninja is rebuilt
-            "PATH": os.path.dirname(sys.executable) + os.pathsep + full_env.get("PATH", ""),
+            "PATH": venv_first(full_env),
             "OMPI_ALLOW_RUN_AS_ROOT": "1",
             "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
             "WANDB_MODE": "disabled",
@@ -179,7 +185,8 @@ def run_script(nprocs: int, path: str, *args, launcher="mpiexec", env=None, time
 def run_tool(module: str, *args, env: dict | None = None, timeout: float = 600) -> Result:
     """`python -m module args...` from the repository, as a user runs a command (a trainer's
     compare, mcr.tools.*): in a clean environment, its stdout and stderr kept apart."""
-    full_env = dict(clean_env(), PYTHONPATH=REPO, WANDB_MODE="disabled", **(env or {}))
+    full_env = dict(clean_env(), PYTHONPATH=REPO, WANDB_MODE="disabled")
+    full_env.update(PATH=venv_first(full_env), **(env or {}))
     cmd = [sys.executable, "-m", module, *map(str, args)]
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
