@@ -1,5 +1,6 @@
 """A real 2-process DeepSpeed pipeline (gloo on loopback, DS_ACCELERATOR=cpu) with the planner's
-partition. Slow: about a minute, longer the first time DeepSpeed JIT-builds its shm comm op."""
+partition. About 15 s; a minute more where DeepSpeed's shm comm op is not built yet (`make setup`
+builds it; ninja other than the venv's first on PATH builds it again: see the Makefile's test)."""
 
 import pytest
 

@@ -1,7 +1,8 @@
 """DeepSpeed-MoE (expert parallel 2), ZeRO-2 and ZeRO-3 on the runtime vs stock DeepSpeed on gloo.
 
-The gloo baseline builds DeepSpeed's shared-memory op the first time (35-100 s, cached under
-~/.cache/torch_extensions afterwards); the runtime side never builds it.
+The gloo baseline loads DeepSpeed's shared-memory op, which `make setup` builds (in
+$TORCH_EXTENSIONS_DIR; where it is missing, the first run builds it: about a minute); the
+runtime side never loads it.
 """
 
 import pytest
