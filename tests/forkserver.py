@@ -22,6 +22,7 @@ tests/ranks.py starts one server per test session; MCR_TEST_FORKSERVER=0 turns i
 from __future__ import annotations
 
 import array
+import copy
 import ctypes
 import importlib
 import json
@@ -36,7 +37,8 @@ import sys
 # What the server imports before it forks; a module missing here is simply imported by the rank.
 # None of them may allocate a CPU tensor: torch reads THP_MEM_ALLOC_ENABLE at its first allocation,
 # which must be the rank's (mcr.hugepages). TorchRec's import allocates; DeepSpeed's probes devices.
-PREIMPORTS = ("torch", "torch.distributed", "numpy", "yaml", "omegaconf")
+# torch._dynamo: every trainer's first optimizer imports it (about 2 s of CPU per rank).
+PREIMPORTS = ("torch", "torch.distributed", "torch._dynamo", "numpy", "yaml", "omegaconf")
 
 
 def recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
@@ -58,8 +60,8 @@ def recv_request(conn: socket.socket) -> tuple[dict, list[int]]:
 
 def become_rank(request: dict, fds: list[int], server_path: list[str]) -> None:
     """In the forked rank: take the client's stdio, environment, directory and argv, then run the
-    target as `python` would. Never returns: the target's SystemExit or exception ends the process
-    through the interpreter's normal exit (atexit, thread joins, flushing)."""
+    target as `python` would. Never returns: a target that ends or calls sys.exit leaves through
+    `leave` below; one that raises, through the interpreter's normal exit (traceback, exit code 1)."""
     os.setpgid(0, 0)  # its own group, so the relay can end it and whatever it started
     for target_fd, fd in enumerate(fds):
         os.dup2(fd, target_fd)
@@ -77,11 +79,40 @@ def become_rank(request: dict, fds: list[int], server_path: list[str]) -> None:
         import faulthandler
 
         faulthandler.enable()
-    if module:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
-    else:
-        runpy.run_path(args[0], run_name="__main__")
-    sys.exit(0)
+    try:
+        if module:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(args[0], run_name="__main__")
+    except SystemExit as exc:
+        leave(exc.code)
+    leave(0)
+
+
+def leave(code) -> None:
+    """End the rank as the interpreter's exit does (join the threads that are not daemons, run the
+    atexit handlers, flush stdout and stderr, exit with sys.exit's code) but without tearing down
+    the modules: for a process that imported torch that alone is 0.8-1.4 s of CPU, with nothing to
+    show for it. multiprocessing ends its forked children the same way (os._exit)."""
+    import atexit
+    import threading
+
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    mpi = sys.modules.get("mpi4py.MPI")
+    if mpi and mpi.Is_initialized() and not mpi.Is_finalized() and sys.modules["mpi4py"].rc.finalize is not False:
+        mpi.Finalize()  # what mpi4py does at the interpreter's exit (a C-level hook after module teardown)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            code = code or 120  # as Python exits when it cannot flush stdout
+    os._exit(code & 0xFF)
 
 
 def relay(conn: socket.socket, server_path: list[str]) -> None:
@@ -117,6 +148,19 @@ def relay(conn: socket.socket, server_path: list[str]) -> None:
                 pass
 
 
+def ask_cpuinfo_once() -> None:
+    """DeepSpeed's op builder asks py-cpuinfo for the CPU twice each time it loads an op (every
+    DeepSpeed job's optimizer), and each ask starts two Pythons (cpuinfo reruns itself in a
+    subprocess, which probes CPUID in another): about 1 s of CPU. The server asks once; its ranks,
+    on this machine, get a copy of the same answer."""
+    try:
+        import cpuinfo
+    except ImportError:
+        return
+    info = cpuinfo.get_cpu_info()
+    cpuinfo.get_cpu_info = lambda: copy.deepcopy(info)
+
+
 def serve(path: str) -> None:
     libc = ctypes.CDLL(None)
     libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG: go when the test session goes
@@ -125,6 +169,7 @@ def serve(path: str) -> None:
             importlib.import_module(name)
         except ImportError:
             pass
+    ask_cpuinfo_once()
     server_path = [p for p in sys.path[1:] if p not in os.environ.get("PYTHONPATH", "").split(os.pathsep)]
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # relays are reaped by the kernel
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

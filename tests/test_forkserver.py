@@ -97,3 +97,28 @@ def test_a_rank_dies_with_its_client(tmp_path):
             return
         time.sleep(0.05)
     raise AssertionError(f"rank {rank} outlived its client")
+
+
+ENDING = """
+import atexit, os, sys, threading, time
+rank = os.environ["OMPI_COMM_WORLD_RANK"]
+atexit.register(print, "atexit ran on", rank)
+threading.Thread(target=lambda: (time.sleep(0.5), print("thread joined on", rank))).start()
+sys.stdout = open(1, "w", buffering=1 << 16, closefd=False)  # the ranks' own stdout is unbuffered
+sys.stdout.write("unflushed output of " + rank)
+code = os.environ["EXIT_WITH"]
+sys.exit(int(code) if code.isdigit() else code)
+"""
+
+
+@pytest.mark.parametrize("exit_with,returncode", [("0", 0), ("5", 5), ("a message", 1)])
+def test_a_forked_rank_ends_as_the_interpreter_would(tmp_path, exit_with, returncode):
+    # the server ends its ranks without tearing down modules (tests/forkserver.py: leave)
+    path = tmp_path / "ending.py"
+    path.write_text(ENDING)
+    result = run_script(2, str(path), env={"EXIT_WITH": exit_with})
+    assert result.returncode == returncode, result.output
+    for rank in (0, 1):
+        for line in (f"atexit ran on {rank}", f"thread joined on {rank}", f"unflushed output of {rank}"):
+            assert line in result.output, result.output
+    assert (result.output.count("a message") == 2) == (exit_with == "a message"), result.output
