@@ -4,6 +4,7 @@ Uses `mpiexec` from the environment when present (so the MPI backend is availabl
 $MPIEXEC names, with the flags it needs (Open MPI: root allowed, ranks may outnumber cores).
 `--launcher torchrun` starts the same job without an MPI world (gloo only). `--mpiexec-args` adds
 options of your own, for example to span nodes: `--mpiexec-args "--host node1:2,node2:2 -x PYTHONPATH"`.
+The ranks run this Python, or the one $PYTHON_EXEC names (as torchrun reads it for its workers).
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def mpiexec_command(nprocs: int, target: list[str], extra: str = "") -> list[str
         cmd += ["--oversubscribe", "--bind-to", "none"]
         if os.geteuid() == 0:
             cmd.append("--allow-run-as-root")
-    return cmd + shlex.split(extra) + [sys.executable] + target
+    return cmd + shlex.split(extra) + [os.environ.get("PYTHON_EXEC") or sys.executable] + target
 
 
 @functools.cache

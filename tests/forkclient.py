@@ -20,6 +20,15 @@ SOCKET_VAR = "MCR_TEST_FORKSERVER_SOCKET"
 # read by the dynamic loader, OpenMP or Python when a process starts, so fixed in the server
 STARTUP_PREFIXES = ("LD_", "OMP_", "KMP_", "MKL_", "GOMP_", "PYTHON")
 PER_RUN = {"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHON_EXEC"}
+# what starts ranks running $PYTHON_EXEC (torchrun, launch.local, and a trainer's compare, which
+# runs launch.local per job): these keep it and the server's socket for the ranks they start
+LAUNCHERS = ("torch.distributed.run", "launch.local")
+
+
+def launches_ranks(module) -> bool:
+    return module in LAUNCHERS or (module or "").endswith(".compare")
+
+
 RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 
 
@@ -55,12 +64,12 @@ def fresh_python(env: dict) -> None:
 def main() -> None:
     env = dict(os.environ)
     target = parse(sys.argv[1:])
-    if target is not None and target[0] == "torch.distributed.run":
-        path = env.get(SOCKET_VAR, "")  # torchrun passes both on to its ranks
+    if target is not None and launches_ranks(target[0]):
+        path = env.get(SOCKET_VAR, "")  # the launcher passes both on to its ranks
     else:
         path = env.pop(SOCKET_VAR, "")
         if env.get("PYTHON_EXEC") == sys.argv[0]:
-            del env["PYTHON_EXEC"]  # meant for torchrun
+            del env["PYTHON_EXEC"]  # meant for a launcher
     try:
         with open(path + ".env") as f:
             server_startup = json.load(f)

@@ -187,7 +187,10 @@ def run_tool(module: str, *args, env: dict | None = None, timeout: float = 600) 
     compare, mcr.tools.*): in a clean environment, its stdout and stderr kept apart."""
     full_env = dict(clean_env(), PYTHONPATH=REPO, WANDB_MODE="disabled")
     full_env.update(PATH=venv_first(full_env), **(env or {}))
-    cmd = [sys.executable, "-m", module, *map(str, args)]
+    client = fork_server("mpiexec")
+    if client:  # the command, and the ranks it starts through launch.local or torchrun, come from the fork server
+        full_env.update({forkclient.SOCKET_VAR: client + ".socket", "PYTHON_EXEC": client, "OMP_NUM_THREADS": "1"})
+    cmd = [client or sys.executable, "-m", module, *map(str, args)]
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as exc:

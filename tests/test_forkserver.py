@@ -111,6 +111,9 @@ sys.exit(int(code) if code.isdigit() else code)
 """
 
 
+ENDED = ("atexit ran on", "thread joined on", "unflushed output of")
+
+
 @pytest.mark.parametrize("exit_with,returncode", [("0", 0), ("5", 5), ("a message", 1)])
 def test_a_forked_rank_ends_as_the_interpreter_would(tmp_path, exit_with, returncode):
     # the server ends its ranks without tearing down modules (tests/forkserver.py: leave)
@@ -118,7 +121,7 @@ def test_a_forked_rank_ends_as_the_interpreter_would(tmp_path, exit_with, return
     path.write_text(ENDING)
     result = run_script(2, str(path), env={"EXIT_WITH": exit_with})
     assert result.returncode == returncode, result.output
-    for rank in (0, 1):
-        for line in (f"atexit ran on {rank}", f"thread joined on {rank}", f"unflushed output of {rank}"):
-            assert line in result.output, result.output
+    ended = [r for r in (0, 1) if all(f"{what} {r}" in result.output for what in ENDED)]
+    # Open MPI ends the job when a rank exits with an error: the other may be killed before it ends
+    assert ended == [0, 1] if returncode == 0 else ended, result.output
     assert (result.output.count("a message") == 2) == (exit_with == "a message"), result.output

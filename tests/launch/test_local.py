@@ -12,12 +12,15 @@ HYDRA_BANNER = "HYDRA build details:\n    Version:                              
 
 def test_open_mpi_gets_its_flags_from_the_real_mpiexec(monkeypatch):
     monkeypatch.delenv("MPIEXEC", raising=False)  # .venv's Open MPI, also under `make test-mpi`
+    monkeypatch.delenv("PYTHON_EXEC", raising=False)
     local.mpiexec_family.cache_clear()
     cmd = local.mpiexec_command(2, ["-m", "x"])
     assert local.mpiexec_family(cmd[0]) == "open-mpi", cmd
     assert cmd[1:6] == ["-n", "2", "--oversubscribe", "--bind-to", "none"], cmd
     assert ("--allow-run-as-root" in cmd) == (os.geteuid() == 0), cmd
     assert cmd[-3:] == [sys.executable, "-m", "x"]
+    monkeypatch.setenv("PYTHON_EXEC", "/other/python")  # the ranks' Python, as torchrun reads it
+    assert local.mpiexec_command(2, ["-m", "x"])[-3:] == ["/other/python", "-m", "x"]
 
 
 def test_hydra_gets_none_of_open_mpis_flags(tmp_path, monkeypatch):

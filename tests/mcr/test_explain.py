@@ -3,14 +3,12 @@ overlaps and another shape. Tables are real files; the route check runs a real 2
 
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 
 from mcr.tuning.candidates import parse_bytes, short_bytes
 from mcr.tuning.table import Entry, TuningTable
-from tests.ranks import REPO, clean_env, run_script
+from tests.ranks import run_script, run_tool
 
 SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
@@ -21,18 +19,10 @@ def write_table(path, entries, **fingerprint):
 
 
 def explain(*args) -> str:
-    """The command as a user runs it, in an environment without MCR_* settings."""
-    proc = subprocess.run(
-        [sys.executable, "-m", "mcr.tools.explain", *args],
-        cwd=REPO,
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode in (0, 1), proc.stdout
-    return proc.stdout
+    """The command as a user runs it, in an environment without MCR_* settings: its stdout."""
+    result = run_tool("mcr.tools.explain", *args, timeout=120)
+    assert result.returncode in (0, 1) and not result.errors, result.output + result.errors
+    return result.output
 
 
 def problems(out: str) -> list:
