@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from collections import Counter
 
-from tests.ranks import REPO, run_script
+from tests.ranks import run_script, run_tool
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "traced.py")
 STEPS = 3
@@ -22,9 +20,8 @@ def traced_run(tmp_path, *args):
 
 
 def merge(trace_dir) -> list:
-    cmd = [sys.executable, "-m", "mcr.tools.trace", "merge", str(trace_dir)]
-    out = subprocess.run(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    assert out.returncode == 0 and "RuntimeWarning" not in out.stdout, out.stdout
+    out = run_tool("mcr.tools.trace", "merge", trace_dir)
+    assert out.returncode == 0 and "RuntimeWarning" not in out.output + out.errors, out.output + out.errors
     with open(trace_dir / "mcr_trace.json") as f:
         return json.load(f)["traceEvents"]
 

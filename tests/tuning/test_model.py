@@ -1,14 +1,11 @@
 """The performance model: α-β fit, prediction for other group sizes, and the CLI that prints it."""
 
-import subprocess
-import sys
-
 import pytest
 
 from mcr.tuning.model import fit, predict_curve, predict_table
 from mcr.tuning.rules import entries_for
 from mcr.tuning.table import Curve, TuningTable
-from tests.ranks import REPO
+from tests.ranks import run_tool
 
 SIZES = [2**k for k in range(2, 27)]
 
@@ -66,13 +63,7 @@ def test_predict_world_size_command_prints_the_predicted_table(tmp_path):
     measured = _curve()
     path = tmp_path / "t.yaml"
     TuningTable({"world_size": 2, "hostname": "vm"}, entries_for(measured), None, [measured]).save(str(path))
-    out = subprocess.run(
-        [sys.executable, "-m", "mcr.tools.tune", "--table", str(path), "--predict-world-size", "4"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr
-    assert "tuning table for 4 ranks" in out.stdout and "predicted from 2 ranks" in out.stdout
-    assert "# all_reduce, group of 4" in out.stdout and "predicted" in out.stdout.split("group of 4")[1]
+    out = run_tool("mcr.tools.tune", "--table", path, "--predict-world-size", "4", timeout=120)
+    assert out.returncode == 0, out.errors
+    assert "tuning table for 4 ranks" in out.output and "predicted from 2 ranks" in out.output
+    assert "# all_reduce, group of 4" in out.output and "predicted" in out.output.split("group of 4")[1]
