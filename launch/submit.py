@@ -59,12 +59,15 @@ SLURM_STATES = {
 }
 
 
-def job_state(scheduler: str, job_id: str) -> str:
-    """PENDING | RUNNING | DONE | FAILED | GONE."""
+def job_state(scheduler: str, job_id: str) -> str | None:
+    """PENDING | RUNNING | DONE | FAILED | GONE, or None where SLURM's controller gave no answer."""
     if scheduler == "slurm":
-        out = subprocess.run(["scontrol", "show", "job", job_id], text=True, capture_output=True).stdout
-        match = re.search(r"JobState=(\w+)", out)
-        return SLURM_STATES.get(match.group(1), "FAILED") if match else "GONE"
+        proc = subprocess.run(["scontrol", "show", "job", job_id], text=True, capture_output=True)
+        match = re.search(r"JobState=(\w+)", proc.stdout)
+        if match:
+            return SLURM_STATES.get(match.group(1), "FAILED")
+        # a busy controller times out ("Socket timed out on send/recv operation"): that job lives on
+        return "GONE" if "Invalid job id" in proc.stderr else None
     if scheduler == "lsf":
         out = subprocess.run(["bjobs", "-noheader", "-o", "stat", job_id], text=True, capture_output=True).stdout
         stat = out.strip()
@@ -89,9 +92,12 @@ def cancel_command(scheduler: str, job_id: str) -> list[str]:
 def wait(scheduler: str, job_ids: list[str], deadline_s: float, poll_s: float = 2.0) -> dict:
     """job id -> final state (DONE, FAILED, GONE), or PENDING/RUNNING for those the deadline caught."""
     end = time.monotonic() + deadline_s
-    states = {}
+    states = dict.fromkeys(job_ids, "PENDING")
     while True:
-        states = {job_id: job_state(scheduler, job_id) for job_id in job_ids}
+        for job_id in job_ids:
+            state = job_state(scheduler, job_id)
+            if state is not None:  # no answer: ask again at the next poll
+                states[job_id] = state
         if all(s not in ("PENDING", "RUNNING") for s in states.values()) or time.monotonic() > end:
             return states
         time.sleep(poll_s)

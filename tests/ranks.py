@@ -189,7 +189,8 @@ def run_tool(module: str, *args, env: dict | None = None, timeout: float = 600) 
     full_env.update(PATH=venv_first(full_env), **(env or {}))
     client = fork_server("mpiexec")
     if client:  # the command, and the ranks it starts through launch.local or torchrun, come from the fork server
-        full_env.update({forkclient.SOCKET_VAR: client + ".socket", "PYTHON_EXEC": client, "OMP_NUM_THREADS": "1"})
+        full_env.update({forkclient.SOCKET_VAR: client + ".socket", "PYTHON_EXEC": client})
+        full_env.setdefault("OMP_NUM_THREADS", "1")  # the server's; another value gets fresh Pythons
     cmd = [client or sys.executable, "-m", module, *map(str, args)]
     try:
         proc = subprocess.run(cmd, cwd=REPO, env=full_env, capture_output=True, text=True, timeout=timeout)

@@ -177,6 +177,20 @@ def test_job_state_of_an_unknown_job_is_gone(slurm):
     assert job_state("slurm", "999999") == "GONE"
 
 
+def test_a_controller_that_does_not_answer_leaves_the_job_unknown_not_gone(slurm, tmp_path, monkeypatch):
+    # a busy controller times out (the cluster SLURM's log: "slurm_msg_sendto ... missing socket"), and
+    # a job taken for gone while it runs ended tests/cluster's trainer test once; here none listens
+    conf = tmp_path / "slurm.conf"
+    text = open(os.environ["SLURM_CONF"]).read()
+    conf.write_text(
+        re.sub(r"(?m)^SlurmctldPort=.*$", "SlurmctldPort=1", text)
+        if "SlurmctldPort=" in text
+        else text + "SlurmctldPort=1\n"
+    )
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    assert job_state("slurm", "1") is None
+
+
 def test_a_rank_killed_under_srun_fails_the_job_and_resume_continues_its_run(slurm, system, tmp_path):
     # rank 0 SIGKILLed after every rank wrote step 4's checkpoint, before `latest` names it
     common = ["train.steps=6", "checkpoint.enabled=true", "checkpoint.interval=2", "log_interval=1", "progress=false"]
