@@ -16,17 +16,20 @@ import socket
 import struct
 import sys
 
-SOCKET_VAR = "MCR_TEST_FORKSERVER_SOCKET"
+# not MCR_*: mcr refuses MCR_ variables it does not know, and a tool run_tool starts keeps these
+SOCKET_VAR = "TESTS_FORKSERVER_SOCKET"
+TOOL_VAR = "TESTS_FORKSERVER_TOOL"
 # read by the dynamic loader, OpenMP or Python when a process starts, so fixed in the server
 STARTUP_PREFIXES = ("LD_", "OMP_", "KMP_", "MKL_", "GOMP_", "PYTHON")
 PER_RUN = {"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHON_EXEC"}
-# what starts ranks running $PYTHON_EXEC (torchrun, launch.local, and a trainer's compare, which
-# runs launch.local per job): these keep it and the server's socket for the ranks they start
+# what starts ranks running $PYTHON_EXEC: torchrun, launch.local, and the command a test's
+# run_tool names (a trainer's compare runs launch.local per job). These keep it and the server's
+# socket for the ranks they start; a rank sees neither.
 LAUNCHERS = ("torch.distributed.run", "launch.local")
 
 
-def launches_ranks(module) -> bool:
-    return module in LAUNCHERS or (module or "").endswith(".compare")
+def launches_ranks(module, env: dict) -> bool:
+    return module is not None and (module in LAUNCHERS or module == env.get(TOOL_VAR))
 
 
 RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -64,10 +67,11 @@ def fresh_python(env: dict) -> None:
 def main() -> None:
     env = dict(os.environ)
     target = parse(sys.argv[1:])
-    if target is not None and launches_ranks(target[0]):
+    if target is not None and launches_ranks(target[0], env):
         path = env.get(SOCKET_VAR, "")  # the launcher passes both on to its ranks
     else:
         path = env.pop(SOCKET_VAR, "")
+        env.pop(TOOL_VAR, None)
         if env.get("PYTHON_EXEC") == sys.argv[0]:
             del env["PYTHON_EXEC"]  # meant for a launcher
     try:

@@ -124,14 +124,11 @@ def run_ranks(
         cmd = torchrun_command(nprocs, target)
     else:
         cmd = mpiexec_command(nprocs, target)
-    client = fork_server(launcher)
-    if client:
-        full_env[forkclient.SOCKET_VAR] = client + ".socket"
-        if launcher == "torchrun":
-            full_env["PYTHON_EXEC"] = client  # the ranks torchrun starts
-            cmd[0] = client  # torchrun itself
-        else:
-            cmd[len(cmd) - len(target) - 1] = client  # the python mpiexec starts per rank
+    client = use_fork_server(full_env, launcher)
+    if client and launcher == "torchrun":
+        cmd[0] = client  # torchrun itself; its ranks run $PYTHON_EXEC
+    elif client:
+        cmd[len(cmd) - len(target) - 1] = client  # the python mpiexec starts per rank
     try:
         proc = subprocess.run(
             cmd, env=full_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
@@ -140,6 +137,16 @@ def run_ranks(
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
         raise AssertionError(f"ranks did not finish in {timeout} s:\n{out[-6000:]}") from None
     return Result(proc.returncode, proc.stdout)
+
+
+def use_fork_server(env: dict, launcher: str) -> str | None:
+    """Point `env` at the fork server, for the command that gets the returned client as its
+    `python` and for the ranks a launcher starts as $PYTHON_EXEC; None (env unchanged) where
+    the server is not used."""
+    client = fork_server(launcher)
+    if client:
+        env.update({forkclient.SOCKET_VAR: client + ".socket", "PYTHON_EXEC": client})
+    return client
 
 
 def fork_server(launcher: str) -> str | None:
@@ -187,9 +194,9 @@ def run_tool(module: str, *args, env: dict | None = None, timeout: float = 600) 
     compare, mcr.tools.*): in a clean environment, its stdout and stderr kept apart."""
     full_env = dict(clean_env(), PYTHONPATH=REPO, WANDB_MODE="disabled")
     full_env.update(PATH=venv_first(full_env), **(env or {}))
-    client = fork_server("mpiexec")
+    client = use_fork_server(full_env, "mpiexec")
     if client:  # the command, and the ranks it starts through launch.local or torchrun, come from the fork server
-        full_env.update({forkclient.SOCKET_VAR: client + ".socket", "PYTHON_EXEC": client})
+        full_env[forkclient.TOOL_VAR] = module
         full_env.setdefault("OMP_NUM_THREADS", "1")  # the server's; another value gets fresh Pythons
     cmd = [client or sys.executable, "-m", module, *map(str, args)]
     try:

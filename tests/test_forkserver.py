@@ -27,7 +27,7 @@ import torch
 x = torch.full((3,), float(rank + 1))
 mcr.all_reduce(x)
 report("FORK", rank, value={"forked": forked, "argv": sys.argv, "cwd": os.getcwd(), "path0": sys.path[0],
-       "mine": os.environ.get("MINE"), "sum": x.tolist(), "server_var": "MCR_TEST_FORKSERVER_SOCKET" in os.environ})
+       "mine": os.environ.get("MINE"), "sum": x.tolist(), "server_var": "TESTS_FORKSERVER_SOCKET" in os.environ})
 mcr.finalize()
 sys.exit(int(os.environ.get("EXIT_WITH", "0")))
 """
@@ -74,7 +74,7 @@ def test_a_rank_dies_with_its_client(tmp_path):
     pid_file = tmp_path / "pid"
     sleeper = tmp_path / "sleeper.py"
     sleeper.write_text(f"import os, time\nopen({str(pid_file)!r}, 'w').write(str(os.getpid()))\ntime.sleep(300)\n")
-    env = dict(rank_env(), MCR_TEST_FORKSERVER_SOCKET=client + ".socket")
+    env = dict(rank_env(), TESTS_FORKSERVER_SOCKET=client + ".socket")
     proc = subprocess.Popen([client, str(sleeper)], env=env, cwd=REPO)
     for _ in range(300):
         if pid_file.exists() and pid_file.read_text():
