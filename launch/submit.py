@@ -57,32 +57,56 @@ SLURM_STATES = {
     "COMPLETING": "RUNNING",
     "COMPLETED": "DONE",
 }
+# suspended jobs still hold their place; UNKWN (the host lost contact) has no entry: ask again
+LSF_STATES = {
+    "PEND": "PENDING",
+    "PSUSP": "PENDING",
+    "WAIT": "PENDING",
+    "PROV": "PENDING",
+    "RUN": "RUNNING",
+    "USUSP": "RUNNING",
+    "SSUSP": "RUNNING",
+    "DONE": "DONE",
+    "EXIT": "FAILED",
+}
+STATE_QUERY = {
+    "slurm": ["scontrol", "show", "job"],
+    "lsf": ["bjobs", "-noheader", "-o", "stat"],
+    "pbs": ["qstat", "-x", "-f"],
+    "cobalt": ["qstat"],
+}
+# what each says of a job it does not know (PBS and LSF forget finished jobs after a while)
+UNKNOWN_JOB = {"slurm": "Invalid job id", "lsf": "is not found", "pbs": "Unknown Job Id"}
 
 
 def job_state(scheduler: str, job_id: str) -> str | None:
-    """PENDING | RUNNING | DONE | FAILED | GONE, or None where SLURM's controller gave no answer."""
+    """PENDING | RUNNING | DONE | FAILED | GONE (the scheduler does not know the job), or None
+    where it gave no answer: a busy or restarting daemon ("Socket timed out", "cannot connect"),
+    whose job lives on, so the caller asks again."""
+    proc = subprocess.run(STATE_QUERY[scheduler] + [job_id], text=True, capture_output=True)
+    state = read_state(scheduler, job_id, proc.stdout)
+    if state is not None:
+        return state
+    if scheduler == "cobalt":  # qstat lists live jobs only: one that answered without it ended
+        return "GONE" if proc.returncode == 0 else None
+    return "GONE" if UNKNOWN_JOB[scheduler] in proc.stderr else None
+
+
+def read_state(scheduler: str, job_id: str, out: str) -> str | None:
     if scheduler == "slurm":
-        proc = subprocess.run(["scontrol", "show", "job", job_id], text=True, capture_output=True)
-        match = re.search(r"JobState=(\w+)", proc.stdout)
-        if match:
-            return SLURM_STATES.get(match.group(1), "FAILED")
-        # a busy controller times out ("Socket timed out on send/recv operation"): that job lives on
-        return "GONE" if "Invalid job id" in proc.stderr else None
+        match = re.search(r"JobState=(\w+)", out)
+        return SLURM_STATES.get(match.group(1), "FAILED") if match else None
     if scheduler == "lsf":
-        out = subprocess.run(["bjobs", "-noheader", "-o", "stat", job_id], text=True, capture_output=True).stdout
-        stat = out.strip()
-        return {"PEND": "PENDING", "RUN": "RUNNING", "DONE": "DONE", "EXIT": "FAILED"}.get(stat, "GONE")
+        return LSF_STATES.get(out.strip())
     if scheduler == "pbs":
-        out = subprocess.run(["qstat", "-x", "-f", job_id], text=True, capture_output=True).stdout
         state = re.search(r"job_state = (\w)", out)
         status = re.search(r"Exit_status = (-?\d+)", out)
         if not state:
-            return "GONE"
+            return None
         if state.group(1) in ("F", "X"):
             return "DONE" if status and status.group(1) == "0" else "FAILED"
         return "RUNNING" if state.group(1) in ("R", "E") else "PENDING"
-    out = subprocess.run(["qstat", job_id], text=True, capture_output=True).stdout  # cobalt lists live jobs only
-    return "RUNNING" if re.search(rf"^{job_id}\b", out, re.M) else "GONE"
+    return "RUNNING" if re.search(rf"^{job_id}\b", out, re.M) else None
 
 
 def cancel_command(scheduler: str, job_id: str) -> list[str]:

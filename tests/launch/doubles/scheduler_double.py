@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
-"""TEST DOUBLES of bsub, jsrun, qsub (PBS Pro and Cobalt), mpiexec (Cray PALS) and mpirun (Open MPI).
+"""TEST DOUBLES of bsub, bjobs, jsrun, qsub and qstat (PBS Pro and Cobalt), mpiexec (Cray PALS) and mpirun (Open MPI).
 
 Not the real tools: LSF, PBS and Cobalt cannot run on the test machine. Each double does the
 one thing the real tool does for our job scripts, on this host: the submit commands run the
 script at once with the environment the scheduler documents (LSB_JOBID, LSB_DJOB_HOSTFILE,
 PBS_JOBID, PBS_NODEFILE, COBALT_JOBID, COBALT_NODEFILE; "nodes" are this host under two names)
-and print the job id the way the real one does; the rank launchers start the ranks locally
+and print the job id the way the real one does; bjobs and qstat answer for the jobs they ran in
+the real tools' words (and as a daemon that does not answer while SCHEDULER_DOUBLE_DOWN is set); the rank launchers start the ranks locally
 with the variables the real launcher sets (JSM_NAMESPACE_*, PMI_* and PALS_*, OMPI_COMM_WORLD_*),
 so the product's rank discovery runs end to end. jsrun's --smpiargs="-gpu" sets what Spectrum
 MPI's -gpu sets in each rank (OMPI_MCA_pml_pami_enable_cuda=1). Each tool appends the arguments
@@ -47,7 +48,48 @@ def run_job(script_text: str, env: dict, out: str, err: str = None) -> None:
         f.write(script_text)
     with open(out, "w") as o:
         e = open(err, "w") if err else subprocess.STDOUT
-        subprocess.run(["bash", path], env={**os.environ, **env}, stdout=o, stderr=e)
+        code = subprocess.run(["bash", path], env={**os.environ, **env}, stdout=o, stderr=e).returncode
+    with open(os.path.join(STATE, f"exit-{env.get('DOUBLE_JOB_ID')}"), "w") as f:
+        f.write(str(code))
+
+
+def exit_code(job_id: str):
+    """The exit code of a job this double ran, or None for a job it never saw."""
+    path = os.path.join(STATE, f"exit-{job_id.split('.')[0]}")
+    return int(open(path).read()) if os.path.exists(path) else None
+
+
+def fail(words: str, code: int) -> None:
+    print(words, file=sys.stderr)
+    sys.exit(code)
+
+
+def down(words: str, code: int) -> None:
+    if os.environ.get("SCHEDULER_DOUBLE_DOWN"):
+        fail(words, code)
+
+
+def bjobs(argv):  # bjobs -noheader -o stat ID
+    down("LSF is down. Please wait ...", 255)
+    code = exit_code(argv[-1])
+    if code is None:
+        fail(f"Job <{argv[-1]}> is not found", 255)
+    print("DONE" if code == 0 else "EXIT")
+
+
+def qstat(argv):  # PBS Pro: qstat -x -f ID (finished jobs too); Cobalt: qstat ID (live jobs only)
+    pbs = "-f" in argv
+    if pbs:
+        down("Connection refused\nqstat: cannot connect to server pbs-double (errno=15010)", 2)
+    else:
+        down("Failed to connect to system component queue-manager", 1)
+    code = exit_code(argv[-1])
+    if not pbs:  # its jobs ran before qsub answered: none is live
+        print("JobID  User  WallTime  Nodes  State  Location\n=============================================")
+    elif code is None:
+        fail(f"qstat: Unknown Job Id {argv[-1]}", 153)
+    else:
+        print(f"Job Id: {argv[-1]}\n    job_state = F\n    Exit_status = {code}")
 
 
 def node_file(hosts: list, name: str) -> str:
@@ -157,4 +199,14 @@ if __name__ == "__main__":
     tool = os.path.basename(sys.argv[0])
     with open(os.path.join(STATE, f"{tool}.args"), "a") as f:
         f.write(json.dumps(sys.argv[1:]) + "\n")
-    sys.exit({"bsub": bsub, "qsub": qsub, "jsrun": jsrun, "mpiexec": mpiexec, "mpirun": mpirun}[tool](sys.argv[1:]))
+    sys.exit(
+        {
+            "bsub": bsub,
+            "bjobs": bjobs,
+            "qsub": qsub,
+            "qstat": qstat,
+            "jsrun": jsrun,
+            "mpiexec": mpiexec,
+            "mpirun": mpirun,
+        }[tool](sys.argv[1:])
+    )
