@@ -375,6 +375,12 @@ def register() -> None:
     versions.warn_if_untested("torch", torch.__version__)
     devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=devices)
+    # torch 2.15 attaches its Python flight-recorder hook to each group of a backend not in this
+    # set, and the hook fails on a group that has no default backend ("Could not find the default
+    # backend type 0"). mcr records every op itself (mcr/flight.py), in the dump torch's analyzer reads.
+    self_recording = getattr(dist.distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", None)
+    if self_recording is not None:
+        self_recording.add(BACKEND_NAME)
 
 
 def init_process_group(config=None, timeout=None, **mcr_kwargs) -> None:
