@@ -326,10 +326,10 @@ class MPIBackend(Backend):
     def _bytes(self, t):
         return [self._mem(t.data_ptr(), t.nbytes), self._byte]
 
-    def _typed(self, t):
+    def typed_buffer(self, t):
         return [self._mem(t.data_ptr(), t.nbytes), self._dtypes[t.dtype]]
 
-    def _mpi_op(self, t, reduce_op):
+    def mpi_op(self, t, reduce_op):
         return self._ops_for[t.dtype][reduce_op]
 
     # --- ops -----------------------------------------------------------------------------------
@@ -355,11 +355,11 @@ class MPIBackend(Backend):
         return handle.then(lambda: tensor.copy_(wide))
 
     def reduce(self, g, tensor, dst, reduce_op, async_op):
-        send = self._in_place if g.Get_rank() == dst else self._typed(tensor)
-        recv = self._typed(tensor) if g.Get_rank() == dst else None
+        send = self._in_place if g.Get_rank() == dst else self.typed_buffer(tensor)
+        recv = self.typed_buffer(tensor) if g.Get_rank() == dst else None
         if async_op:
-            return from_mpi_request(g.Ireduce(send, recv, self._mpi_op(tensor, reduce_op), dst), tensor)
-        g.Reduce(send, recv, self._mpi_op(tensor, reduce_op), dst)
+            return from_mpi_request(g.Ireduce(send, recv, self.mpi_op(tensor, reduce_op), dst), tensor)
+        g.Reduce(send, recv, self.mpi_op(tensor, reduce_op), dst)
 
     def broadcast(self, g, tensor, src, async_op):
         if async_op:
@@ -411,7 +411,7 @@ class MPIBackend(Backend):
         return self._scatter_packed(g, tensor, packed, src, async_op)
 
     def reduce_scatter_tensor(self, g, output, input, reduce_op, async_op):
-        send, recv, mpi_op = self._typed(input), self._typed(output), self._mpi_op(input, reduce_op)
+        send, recv, mpi_op = self.typed_buffer(input), self.typed_buffer(output), self.mpi_op(input, reduce_op)
         if async_op:
             keep = (output, input)  # mpi4py keeps neither alive
             handle = self._on_worker(g, input.nbytes, lambda c: c.Reduce_scatter_block(send, recv, mpi_op), keep)

@@ -375,12 +375,16 @@ def register() -> None:
     versions.warn_if_untested("torch", torch.__version__)
     devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=devices)
-    # torch 2.15 attaches its Python flight-recorder hook to each group of a backend not in this
-    # set, and the hook fails on a group that has no default backend ("Could not find the default
-    # backend type 0"). mcr records every op itself (mcr/flight.py), in the dump torch's analyzer reads.
+    records_itself(BACKEND_NAME)  # every op, in mcr/flight.py's dump, which torch's analyzer reads
+
+
+def records_itself(backend_name: str) -> None:
+    """Tell torch (2.15 and later) not to attach its Python flight-recorder hook to the groups of
+    `backend_name`: the hook fails on a group with no default backend, as ours are ("Could not find
+    the default backend type 0"). Older torch attaches none."""
     self_recording = getattr(dist.distributed_c10d, "_FR_SELF_RECORDING_BACKENDS", None)
     if self_recording is not None:
-        self_recording.add(BACKEND_NAME)
+        self_recording.add(backend_name)
 
 
 def init_process_group(config=None, timeout=None, **mcr_kwargs) -> None:

@@ -39,7 +39,7 @@ def calls(numel, dtype):
         mpi.all_reduce(comm, scratch, "sum", False)
         x.copy_(scratch)
 
-    in_place, words, op16 = mpi.MPI.IN_PLACE, mpi._typed(x), mpi._op(x, "sum")
+    in_place, words, op16 = mpi.MPI.IN_PLACE, mpi.typed_buffer(x), mpi.mpi_op(x, "sum")
     return {
         "mpi": lambda: api.all_reduce(x, backend="mpi"),
         "op16": lambda: comm.Allreduce(in_place, words, op16),

@@ -201,6 +201,7 @@ def _nothing_group(opts, _):
 def _floor_group():
     if FLOOR_BACKEND.upper() not in dist.Backend._plugins:
         dist.Backend.register_backend(FLOOR_BACKEND, _nothing_group, extended_api=True, devices=["cpu"])
+        torch_backend.records_itself(FLOOR_BACKEND)  # it records nothing; torch's hook would fail on it
     return dist.new_group(backend=FLOOR_BACKEND)
 
 

@@ -44,8 +44,8 @@ def ways(nbytes, chunks):
     src, dst = np.ones(numel, dtype=np.float32), np.empty(numel, dtype=np.float32)
     part = torch.empty(numel // n)
     MPI = mpi.MPI  # noqa: N806 (the library's name)
-    buf = mpi._typed(x)
-    raw_chunks = [mpi._typed(p) for p in x.split(1 << 18)]
+    buf = mpi.typed_buffer(x)
+    raw_chunks = [mpi.typed_buffer(p) for p in x.split(1 << 18)]
 
     def rs_ag(per_rank_chunk=0):
         step = per_rank_chunk // 4 if per_rank_chunk else numel // n
