@@ -18,6 +18,7 @@ from . import env as launch_env
 from .group import route_key
 from .handle import Handle
 from .ops import REDUCE_OPS, ReduceOp
+from .request import Request
 from .runtime import Runtime
 
 _runtime: Runtime | None = None
@@ -208,7 +209,7 @@ def _agreed_bytes(rt, family, group, nbytes) -> int:
     if not rt.router.depends_on_size(family, group):
         return nbytes
     size = torch.tensor([nbytes], dtype=torch.int64)
-    rt.call("all_reduce", "all_reduce", 8, group, size, None, False, (size, "max"), "max")
+    rt.call(Request("all_reduce", "all_reduce", 8, group, size, (size, "max"), reduce_op="max"))
     return int(size.item())
 
 
@@ -231,7 +232,9 @@ def all_reduce(tensor, op=_SUM, group=None, async_op=False, backend=None):
         op, after = "sum", None
     else:
         op, after = _average("all_reduce", tensor, op, g.size)
-    return rt.call("all_reduce", "all_reduce", tensor.nbytes, g, tensor, backend, async_op, (tensor, op), op, after)
+    return rt.call(
+        Request("all_reduce", "all_reduce", tensor.nbytes, g, tensor, (tensor, op), backend, async_op, op, after)
+    )
 
 
 def reduce(tensor, dst, op=_SUM, group=None, async_op=False, backend=None):
@@ -241,14 +244,16 @@ def reduce(tensor, dst, op=_SUM, group=None, async_op=False, backend=None):
     root = g.group_rank(dst)
     if root != g.rank:
         after = None  # only the root holds the result
-    return rt.call("reduce", "reduce", tensor.nbytes, g, tensor, backend, async_op, (tensor, root, op), op, after)
+    return rt.call(
+        Request("reduce", "reduce", tensor.nbytes, g, tensor, (tensor, root, op), backend, async_op, op, after)
+    )
 
 
 def broadcast(tensor, src, group=None, async_op=False, backend=None):
     rt, g = _start(group)
     _check("broadcast", tensor)
     root = g.group_rank(src)
-    return rt.call("broadcast", "broadcast", tensor.nbytes, g, tensor, backend, async_op, (tensor, root))
+    return rt.call(Request("broadcast", "broadcast", tensor.nbytes, g, tensor, (tensor, root), backend, async_op))
 
 
 def all_gather(tensor_list, tensor, group=None, async_op=False, backend=None):
@@ -257,7 +262,7 @@ def all_gather(tensor_list, tensor, group=None, async_op=False, backend=None):
     _list_len("all_gather", "tensor_list", tensor_list, g.size)
     _same_dtype("all_gather", tensor, tensor_list)
     nbytes = tensor.nbytes * g.size  # the gathered output
-    return rt.call("all_gather", "all_gather", nbytes, g, tensor, backend, async_op, (tensor_list, tensor))
+    return rt.call(Request("all_gather", "all_gather", nbytes, g, tensor, (tensor_list, tensor), backend, async_op))
 
 
 def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=False, backend=None):
@@ -267,7 +272,7 @@ def all_gather_into_tensor(output_tensor, input_tensor, group=None, async_op=Fal
     _group_multiple("all_gather_into_tensor", output_tensor, "output", input_tensor, "input", g.size)
     nbytes = output_tensor.nbytes  # the gathered output
     args = (output_tensor, input_tensor)
-    return rt.call("all_gather", "all_gather_into_tensor", nbytes, g, input_tensor, backend, async_op, args)
+    return rt.call(Request("all_gather", "all_gather_into_tensor", nbytes, g, input_tensor, args, backend, async_op))
 
 
 def _rooted(family, tensor, tensors, root_rank, group, async_op, backend):
@@ -285,7 +290,7 @@ def _rooted(family, tensor, tensors, root_rank, group, async_op, backend):
     else:
         tensors = None
     nbytes = tensor.nbytes * g.size  # the whole list
-    return rt.call(family, family, nbytes, g, tensor, backend, async_op, (tensor, tensors, root))
+    return rt.call(Request(family, family, nbytes, g, tensor, (tensor, tensors, root), backend, async_op))
 
 
 def gather(tensor, gather_list=None, dst=0, group=None, async_op=False, backend=None):
@@ -304,7 +309,7 @@ def reduce_scatter(output, input_list, op=_SUM, group=None, async_op=False, back
     op, after = _average("reduce_scatter", output, op, g.size)
     nbytes = output.nbytes * g.size  # the input
     args = (output, input_list, op)
-    return rt.call("reduce_scatter", "reduce_scatter", nbytes, g, output, backend, async_op, args, op, after)
+    return rt.call(Request("reduce_scatter", "reduce_scatter", nbytes, g, output, args, backend, async_op, op, after))
 
 
 def reduce_scatter_tensor(output, input, op=_SUM, group=None, async_op=False, backend=None):
@@ -315,7 +320,9 @@ def reduce_scatter_tensor(output, input, op=_SUM, group=None, async_op=False, ba
     op, after = _average("reduce_scatter_tensor", output, op, g.size)
     nbytes = input.nbytes  # the input
     args = (output, input, op)
-    return rt.call("reduce_scatter", "reduce_scatter_tensor", nbytes, g, input, backend, async_op, args, op, after)
+    return rt.call(
+        Request("reduce_scatter", "reduce_scatter_tensor", nbytes, g, input, args, backend, async_op, op, after)
+    )
 
 
 def all_to_all_single(
@@ -332,7 +339,7 @@ def all_to_all_single(
     out_splits = list(output_split_sizes) if output_split_sizes else None
     in_splits = list(input_split_sizes) if input_split_sizes else None
     args = (output, input, out_splits, in_splits)
-    return rt.call("all_to_all", "all_to_all_single", nbytes, g, input, backend, async_op, args)
+    return rt.call(Request("all_to_all", "all_to_all_single", nbytes, g, input, args, backend, async_op))
 
 
 def _check_splits(which, tensor, splits, group_size):
@@ -390,7 +397,7 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
     # not be), so every rank agrees; agreed_bytes costs nothing where the choice ignores the size.
     nbytes = _agreed_bytes(rt, "all_to_all", g, nbytes)
     args = (output_tensor_list, input_tensor_list)
-    return rt.call("all_to_all", "all_to_all", nbytes, g, input_tensor_list[0], backend, async_op, args)
+    return rt.call(Request("all_to_all", "all_to_all", nbytes, g, input_tensor_list[0], args, backend, async_op))
 
 
 _NO_TENSOR = torch.empty(0, dtype=torch.uint8)  # what a barrier is chosen for: a CPU op of 0 bytes
@@ -398,7 +405,7 @@ _NO_TENSOR = torch.empty(0, dtype=torch.uint8)  # what a barrier is chosen for: 
 
 def barrier(group=None, async_op=False, device_ids=None, backend=None):
     rt, g = _start(group)
-    return rt.call("barrier", "barrier", 0, g, _NO_TENSOR, backend, async_op, ())
+    return rt.call(Request("barrier", "barrier", 0, g, _NO_TENSOR, (), backend, async_op))
 
 
 # --- point to point ----------------------------------------------------------------------------
@@ -411,7 +418,7 @@ def _p2p(name, method, tensor, peer, group, tag, async_op, backend):
         raise ValueError(f"mcr.{name}: pass the destination rank")
     args = (tensor, None if peer is None else g.group_rank(peer), tag)
     tagged = "tagged" if tag else None  # both sides know the tag: a library without tags is not chosen
-    return rt.call("send_recv", method, tensor.nbytes, g, tensor, backend, async_op, args, tagged)
+    return rt.call(Request("send_recv", method, tensor.nbytes, g, tensor, args, backend, async_op, tagged))
 
 
 def send(tensor, dst, group=None, tag=0, backend=None):

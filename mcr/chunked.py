@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from time import perf_counter
 
-from .blocking import prepare_blocking_run
 from .handle import Handle
-from .issuing import prepare_async_issue
+from .runner import prepare_async_issue, prepare_blocking_run
 from .streams import CudaRoute, StreamHandle, StreamOrder
 from .tuning.candidates import label
 from .tuning.table import Choice

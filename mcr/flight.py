@@ -64,15 +64,16 @@ class FlightRecorder:
         self.kept = [] if keep_all else None  # every entry, for a timeline trace (`mcr.trace`)
         self.directory = directory
         self.timeout_ms = int(timeout_s * 1000)
-        self.records = itertools.count()  # each entry's record id (mcr.blocking draws them too)
+        self.records = itertools.count()  # each entry's record id
         self._dumping = threading.Lock()
 
-    def issue(self, route, group, method, async_op, peer=None):
+    def issue(self, route, group, method, async_op, peer=None, thread=None):
         """A new entry for a call about to run; `entry[DONE]` (ns) is set when it completes (by the
         caller for a blocking call, by the handle for an async one: `Handle.issued`).
         It runs on every call (its cost: configs/tuning/vm-n2-bench-flight-recorder.txt): nothing
-        formatted, no lock (one thread issues a rank's ops; a dump copies the ring first). A
-        blocking call of a ready route builds the same entry itself (`mcr.blocking`)."""
+        formatted, no lock (one thread issues a rank's ops; a dump copies the ring first). The
+        one place an entry is built: `mcr.runner`, `mcr.streams` and the runtime's chunked and
+        node-aware runs all call it."""
         info = group.info
         if route.op.family != "send_recv":
             info.collective_seq += 1
@@ -88,7 +89,7 @@ class FlightRecorder:
             method,
             peer,
             async_op,
-            get_ident(),  # the caller; for an async op, whoever waits on it once one does
+            thread or get_ident(),  # the caller; for an async op, whoever waits on it once one does
             now,
             0,
             0,  # an async call's return to its caller (set by the caller)

@@ -18,6 +18,8 @@ import time
 
 import torch
 
+from .request import Request
+
 MEASURABLE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "reduce", "send_recv")
 REDUCING_OPS = ("all_reduce", "reduce", "reduce_scatter")  # measured with reduce op sum
 DEVICE_HELP = "where the tensors are: cpu, or cuda (each rank's GPU, the one the runtime bound at init)"
@@ -80,7 +82,7 @@ def make_call(rt, op, nbytes, backend=None, dtype=torch.float32, group=None, chu
     x = torch.ones(count, dtype=dtype, device=device)
 
     def run(family, method, size, tensor, *args, reduce_op=None):
-        return rt.call(family, method, size, g, tensor, backend, False, args, reduce_op)
+        return rt.call(Request(family, method, size, g, tensor, args, backend, reduce_op=reduce_op))
 
     if op == "all_reduce" and chunk_bytes and x.nbytes > chunk_bytes:
         parts = x.split(max(1, chunk_bytes // x.element_size()))
@@ -128,7 +130,7 @@ def slowest(rt, value, group=None, backend=None):
     g = rt.world if group is None else group
     many = isinstance(value, (list, tuple))
     t = torch.tensor(list(value) if many else [value], dtype=torch.float64)
-    rt.call("all_reduce", "all_reduce", t.nbytes, g, t, backend, False, (t, "max"), "max")
+    rt.call(Request("all_reduce", "all_reduce", t.nbytes, g, t, (t, "max"), backend, reduce_op="max"))
     return t.tolist() if many else float(t.item())
 
 
@@ -177,7 +179,7 @@ def time_call(rt, call, iters: int, warmup: int = 5, group=None, backend=None, p
     for _ in range(warmup):
         call()
     nothing = torch.empty(0, dtype=torch.uint8)
-    rt.call("barrier", "barrier", 0, rt.world if group is None else group, nothing, backend, False, ())
+    rt.call(Request("barrier", "barrier", 0, rt.world if group is None else group, nothing, (), backend))
     samples = []
     clock, fastest = time.perf_counter, float("inf")
     for _ in range(iters):

@@ -2,7 +2,7 @@
 
 Every public op in `mcr.api` describes its call (op family, message bytes, dtype, group) and
 hands it to `Runtime.call`, which routes it (`mcr.routing`, once per kind of call, kept on the
-group) and runs it: one backend call (`mcr.blocking`, `mcr.issuing`, `mcr.streams` on CUDA), a
+group) and runs it: one backend call (`mcr.runner`, `mcr.streams` on CUDA), a
 train of chunks (`mcr.chunked`) or node-aware phases (`mcr.node_aware`). Starting the backends,
 the store and the table is `mcr.startup`'s job; ops in flight are `mcr.inflight`'s; rule 3 below
 is `mcr.mpi_driver`'s.
@@ -47,7 +47,6 @@ import torch
 from . import env as launch_env
 from . import node_aware, startup, streams, trace
 from .backends import builtin_order
-from .blocking import prepare_blocking_run
 from .callbacks import CallbackThread
 from .chunked import run_chunked
 from .commlog import CommLog
@@ -56,10 +55,10 @@ from .debug import CallChecker
 from .flight import DONE, RETURNED, FlightRecorder
 from .group import Group, route_key
 from .inflight import InFlight
-from .issuing import prepare_async_issue
 from .mpi_driver import MPIDriver
 from .progress import ProgressThread
 from .routing import OpCall, Router
+from .runner import prepare_async_issue, prepare_blocking_run
 from .streams import CudaRoute
 from .tuning.online import OnlineTuner
 from .watchdog import Watchdog
@@ -222,25 +221,26 @@ class Runtime:
         return CallChecker(gather, self.rank)
 
     # --- the routine every op shares ------------------------------------------------------------
-    def call(self, family, method, nbytes, group, tensor, explicit, async_op, args, reduce_op=None, after=None):
+    def call(self, request):
         """Route this call (step 2, `mcr.routing`), run `method` of its backend with the group's
         communicator, `*args` and `async_op` (step 3: one call, chunks or node-aware phases), then
-        `after` (AVG's divide): now for a blocking op, at completion for an async one.
-        `nbytes` is the op's message size by its own rule; `tensor` gives dtype and device."""
+        `after` (AVG's divide): now for a blocking op, at completion for an async one."""
         if self.traced and torch._C._autograd._profiler_enabled():
-            with torch.autograd.profiler.record_function(f"mcr:{method}"):
-                return self._call(family, method, nbytes, group, tensor, explicit, async_op, args, reduce_op, after)
-        return self._call(family, method, nbytes, group, tensor, explicit, async_op, args, reduce_op, after)
+            with torch.autograd.profiler.record_function(f"mcr:{request.method}"):
+                return self._call(request)
+        return self._call(request)
 
-    def _call(self, family, method, nbytes, group, tensor, explicit, async_op, args, reduce_op, after):
+    def _call(self, request):
+        family, group, tensor, reduce_op = request.family, request.group, request.tensor, request.reduce_op
         if self._checker is not None and family != "send_recv":
-            self._checker.check(family, group, nbytes, tensor.dtype, reduce_op)
-        key = route_key(method, nbytes, tensor, explicit, reduce_op, self.router.forced)
+            self._checker.check(family, group, request.nbytes, tensor.dtype, reduce_op)
+        method, args, async_op, after = request.method, request.args, request.async_op, request.after
+        key = route_key(method, request.nbytes, tensor, request.explicit, reduce_op, self.router.forced)
         ready = group.routes.get(key)
         if ready is None:
             ready = self._make_route(key, family, group, tensor)
         route, blocking, issue = ready
-        if blocking is not None:  # one backend call, prepared (mcr.blocking, mcr.issuing)
+        if blocking is not None:  # one backend call, prepared (mcr.runner)
             if not async_op:
                 blocking(group, args)
                 if after is not None:
@@ -274,7 +274,7 @@ class Runtime:
 
     def _make_route(self, key, family, group, tensor):
         """(route, blocking run, async issue) for `key` in the group's cache; the two runs
-        (`mcr.blocking`, `mcr.issuing`, on CUDA tensors `mcr.streams.CudaRoute`) None where the
+        (`mcr.runner`, on CUDA tensors `mcr.streams.CudaRoute`) None where the
         route runs in chunks or phases (`mcr.chunked`, `mcr.node_aware`)."""
         method, nbytes, dtype, is_cuda, explicit, reduce_op, _ = key
         device_type = "cuda" if is_cuda else "cpu"
@@ -302,7 +302,7 @@ class Runtime:
     def run(self, op: OpCall, group, backend, method, args, logged=True):
         """`method` of `backend` on the group, blocking, under the watchdog, its time in the comm
         log (unless a chunk of an op that is logged whole): the runtime's own steps (node-aware
-        phases, finalize's barriers, debug checks), as `mcr.blocking` describes; on CUDA tensors
+        phases, finalize's barriers, debug checks), as `mcr.runner` describes; on CUDA tensors
         under the stream rules (`mcr.streams`)."""
         comm = group.comms[backend.name]
         if streams.device_of(args) is not None:

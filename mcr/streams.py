@@ -272,7 +272,7 @@ def _pinned(tensor, read: bool):
 # --- running a route on CUDA tensors -------------------------------------------------------------
 class CudaRoute:
     """How one route's calls on CUDA tensors run: blocking (`run`) or async (`issue`), under the
-    rules above. Made once per route, like `mcr.blocking` and `mcr.issuing` for CPU routes.
+    rules above. Made once per route, like `mcr.runner`'s pair for CPU routes.
     `route` and `method`: for the flight recorder (None: a step of the runtime's own, not
     recorded); `staged`: through host memory even where the library reads device memory (the
     candidate BACKEND/host)."""

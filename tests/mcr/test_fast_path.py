@@ -22,7 +22,7 @@ def test_fast_path_results_match_reference_and_log_shows_callers_ops(tmp_path):
 
 
 def test_a_ready_route_serves_only_the_calls_that_would_choose_it():
-    """The api's shortcut to a ready route (mcr.blocking): another dtype, size, explicit or
+    """The api's shortcut to a ready route (mcr.runner): another dtype, size, explicit or
     forced backend, or a tensor whose storage was swapped takes its own route; each call is
     logged and recorded once."""
     out = run_script(2, os.path.join(os.path.dirname(__file__), "scripts/hot_path.py")).check().output

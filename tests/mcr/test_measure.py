@@ -82,8 +82,8 @@ class Recorder:
         comms = {name: object() for name in self.backends}
         self.world = SimpleNamespace(size=4, nodes=2, shape=Shape(4, 2, 2, (2, 2)), gid=0, comms=comms, unavailable={})
 
-    def call(self, family, method, nbytes, group, tensor, backend, async_op, args, reduce_op=None):
-        self.ran.append((family, tensor.device.type, backend))
+    def call(self, request):
+        self.ran.append((request.family, request.tensor.device.type, request.explicit))
 
     def select(self, family, nbytes, group, dtype, device_type, explicit=None, reduce_op=None):
         """`Router.select` on these backends: what the group lacks is what it names unavailable."""
