@@ -135,7 +135,9 @@ def _launcher(job: Job, exported: list[str]) -> str:
 def job_script(job: Job) -> str:
     s = job.system
     exports = _exports(job)
-    python = "python" if s.preamble else sys.executable
+    # the ranks' Python: $PYTHON_EXEC where set (as torchrun and launch.local read it), else the
+    # environment's the preamble sets up, else this one
+    python = os.environ.get("PYTHON_EXEC") or ("python" if s.preamble else sys.executable)
     setup = list(s.preamble) or [f"export PATH={shlex.quote(os.path.dirname(sys.executable))}:$PATH"]
     if s.scheduler == "cobalt":
         setup.append('export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"')  # forwarded by -x, so it must exist

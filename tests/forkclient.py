@@ -21,7 +21,7 @@ SOCKET_VAR = "TESTS_FORKSERVER_SOCKET"
 TOOL_VAR = "TESTS_FORKSERVER_TOOL"
 # read by the dynamic loader, OpenMP or Python when a process starts, so fixed in the server
 STARTUP_PREFIXES = ("LD_", "OMP_", "KMP_", "MKL_", "GOMP_", "PYTHON")
-PER_RUN = {"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHON_EXEC"}
+PER_RUN = {"PYTHONPATH", "PYTHONUNBUFFERED", "PYTHONFAULTHANDLER", "PYTHONDONTWRITEBYTECODE", "PYTHON_EXEC"}
 # what starts ranks running $PYTHON_EXEC: torchrun, launch.local, and the command a test's
 # run_tool names (a trainer's compare runs launch.local per job). These keep it and the server's
 # socket for the ranks they start; a rank sees neither.
@@ -74,6 +74,7 @@ def main() -> None:
         env.pop(TOOL_VAR, None)
         if env.get("PYTHON_EXEC") == sys.argv[0]:
             del env["PYTHON_EXEC"]  # meant for a launcher
+    path = path.replace("%h", socket.gethostname())  # a server per node (tests/cluster): this node's
     try:
         with open(path + ".env") as f:
             server_startup = json.load(f)

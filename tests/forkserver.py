@@ -16,7 +16,8 @@ Per request the server forks a relay (the client's peer, which waits for the ran
 forks the rank, so that the rank has no extra thread and the relay can kill the rank's process
 group if the client is killed outright (SIGKILL cannot be relayed).
 
-tests/ranks.py starts one server per test session; MCR_TEST_FORKSERVER=0 turns it off.
+tests/ranks.py starts one server per test session, and tests/cluster one on each emulated node;
+TESTS_FORKSERVER=0 turns them off.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def become_rank(request: dict, fds: list[int], server_path: list[str]) -> None:
     pythonpath = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
     sys.path[:] = [path0, *pythonpath, *server_path]
     sys.argv[:] = args
+    sys.dont_write_bytecode = bool(request["env"].get("PYTHONDONTWRITEBYTECODE"))
     if request["env"].get("PYTHONFAULTHANDLER"):
         import faulthandler
 

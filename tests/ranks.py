@@ -151,9 +151,9 @@ def use_fork_server(env: dict, launcher: str) -> str | None:
 
 def fork_server(launcher: str) -> str | None:
     """The rank-starting client of this session's fork server (tests/forkserver.py), started on
-    first use; None where it is turned off (MCR_TEST_FORKSERVER=0) or the launcher is Hydra,
+    first use; None where it is turned off (TESTS_FORKSERVER=0) or the launcher is Hydra,
     whose ranks inherit a file descriptor a forked rank would not have."""
-    if os.environ.get("MCR_TEST_FORKSERVER") == "0" or (launcher == "mpiexec" and under_hydra()):
+    if os.environ.get("TESTS_FORKSERVER") == "0" or (launcher == "mpiexec" and under_hydra()):
         return None
     return _start_fork_server()
 
@@ -161,22 +161,35 @@ def fork_server(launcher: str) -> str | None:
 @functools.cache
 def _start_fork_server() -> str:
     where = tempfile.mkdtemp(prefix="mcr-forkserver-")
-    client = os.path.join(where, "python")
-    env = rank_env()
-    server = subprocess.Popen(
-        [sys.executable, "-u", "-m", "tests.forkserver", client + ".socket"],
+    atexit.register(shutil.rmtree, where, True)
+    server = start_fork_server(os.path.join(where, "python.socket"))
+    atexit.register(server.kill)
+    return write_fork_client(where)
+
+
+def start_fork_server(socket_path: str, popen=subprocess.Popen, env: dict | None = None) -> subprocess.Popen:
+    """A fork server (tests/forkserver.py) listening at `socket_path`, started by `popen` (another
+    node's: tests/cluster) in `rank_env(env)`, ready when this returns; beside the socket, the
+    startup variables its clients compare theirs with."""
+    env = rank_env(env)
+    server = popen(
+        [sys.executable, "-u", "-m", "tests.forkserver", socket_path],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
     )
-    atexit.register(shutil.rmtree, where, True)
-    atexit.register(server.kill)
     if server.stdout.readline().strip() != b"ready":
         raise AssertionError(f"tests/forkserver.py did not start (exit code {server.wait()})")
-    with open(client + ".socket.env", "w") as f:
+    with open(socket_path + ".env", "w") as f:
         json.dump(forkclient.startup_vars(env), f)
+    return server
+
+
+def write_fork_client(where: str) -> str:
+    """`where`/python: the client a launcher starts instead of this Python (tests/forkclient.py)."""
+    client = os.path.join(where, "python")
     with open(forkclient.__file__) as f:
         source = f.read()
     with open(client, "w") as f:

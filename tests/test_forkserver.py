@@ -13,7 +13,7 @@ import pytest
 from tests.ranks import REPO, fork_server, rank_env, run_script
 
 pytestmark = pytest.mark.skipif(
-    os.environ.get("MCR_TEST_FORKSERVER") == "0", reason="MCR_TEST_FORKSERVER=0: every rank starts fresh"
+    os.environ.get("TESTS_FORKSERVER") == "0", reason="TESTS_FORKSERVER=0: every rank starts fresh"
 )
 
 SCRIPT = """

@@ -63,10 +63,13 @@ def cluster_2net(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def cluster_slurm(cluster):
-    """slurmctld on head, a slurmd per node; the cluster's teardown ends them with everything else."""
+def cluster_slurm(cluster, tmp_path_factory):
+    """slurmctld on head, a slurmd per node; the cluster's teardown ends them with everything else.
+    Its `python` is what the ranks run: a fork server's client, a server on each node."""
     slurm = ClusterSlurm(cluster)
     slurm.start()
+    if os.environ.get("TESTS_FORKSERVER") != "0":
+        slurm.use_fork_servers(str(tmp_path_factory.mktemp("forkserver")))
     return slurm
 
 

@@ -11,15 +11,18 @@ daemons call back, runs on `head`, the login node.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import subprocess
+import sys
 from contextlib import contextmanager
 
 from launch import submit
+from tests import forkclient
 from tests.cluster.nodes import HEAD, Cluster
 from tests.launch import slurm_cluster
-from tests.ranks import REPO, Result, rank_env
+from tests.ranks import REPO, Result, rank_env, start_fork_server, write_fork_client
 
 PORTS = [6817, 6818]  # SLURM's defaults: each daemon has its node's network namespace to itself
 
@@ -29,6 +32,21 @@ class ClusterSlurm(slurm_cluster.Cluster):
         super().__init__(os.path.join(cluster.state, "slurm"))
         self.cluster = cluster
         self.nodes = cluster.nodes
+        self.python = sys.executable  # what a test's ranks run (python_env: what they need to)
+
+    def use_fork_servers(self, where: str) -> None:
+        """Ranks forked from a server on their node (tests/forkserver.py), which imported torch once
+        in the node's namespaces: `python` becomes the client, which finds its node's server by the
+        hostname. The servers go with the node (its teardown ends every process in it)."""
+        # the job scripts' thread settings (launch/scripts.py: both from cpus_per_task, 1 here) are
+        # read at a process's start, so the servers' must match, and srun's ranks get the same
+        threads = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+        for node in self.nodes:
+            socket_path = os.path.join(where, f"{node}.socket")
+            start_fork_server(socket_path, popen=functools.partial(self.cluster.popen, node), env=threads)
+        self.python = write_fork_client(where)
+        self.python_env = {forkclient.SOCKET_VAR: os.path.join(where, "%h.socket"), "PYTHON_EXEC": self.python}
+        self.python_env.update(threads)
 
     def config(self) -> str:
         nodes = [(n, self.cluster.address(n), self.cluster.ranks_per_node) for n in self.nodes]
@@ -44,7 +62,7 @@ class ClusterSlurm(slurm_cluster.Cluster):
         SLURM ends the step at its time limit; a hung srun is stopped at `timeout`, as a user's ^C would."""
         minutes = math.ceil(timeout / 60)
         cmd = self.cluster.command(HEAD, ["srun", f"--time={minutes}", "--kill-on-bad-exit=1", *args], cwd=REPO)
-        full_env = rank_env({"SLURM_CONF": self.conf, "PMIX_MCA_psec": "native", **(env or {})})
+        full_env = rank_env({"SLURM_CONF": self.conf, "PMIX_MCA_psec": "native", **self.python_env, **(env or {})})
         proc = subprocess.Popen(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             out, _ = proc.communicate(timeout=timeout)

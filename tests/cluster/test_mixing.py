@@ -10,7 +10,6 @@ single-node test (tests/mcr/test_robustness.py) still passes: these are its guar
 """
 
 import os
-import sys
 
 import pytest
 
@@ -24,7 +23,7 @@ ENV = {"MCR_PROGRESS_THREAD": "0", "MCR_WATCHDOG_TIMEOUT": "60"}
 def test_a_rank_blocked_in_gloo_keeps_its_async_mpi_ops_moving_across_nodes(cluster_slurm):
     # one rank per node: rank 1 waits for an MPI op that needs rank 0's progress while rank 0 waits in gloo
     result = cluster_slurm.srun(
-        "-N2", "-n2", "--mpi=pmix", sys.executable, os.path.join(SCRIPTS, "cross_progress.py"), env=ENV
+        "-N2", "-n2", "--mpi=pmix", cluster_slurm.python, os.path.join(SCRIPTS, "cross_progress.py"), env=ENV
     )
     out = result.check().output
     assert out.count("cross progress OK") == 2 and out.count(": OK") == 8, out[-3000:]
@@ -72,5 +71,5 @@ def test_random_interleaving_of_mixed_ops_completes_across_nodes(cluster_slurm, 
     elif table == "flat-and-node-aware-table":  # node-aware candidates by table and by backend= too
         args += [flat_and_node_aware_table(tmp_path / "table.yaml"), "node:mpi+gloo,node:gloo+mpi"]
     script = os.path.join(SCRIPTS, "stress.py")
-    result = cluster_slurm.srun("-N2", "-n4", "--mpi=pmix", sys.executable, script, *map(str, args), env=ENV)
+    result = cluster_slurm.srun("-N2", "-n4", "--mpi=pmix", cluster_slurm.python, script, *map(str, args), env=ENV)
     assert_every_op_checked(result.check().output, 4, 1000)

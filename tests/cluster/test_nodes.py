@@ -202,3 +202,13 @@ def test_the_cli_replaces_a_cluster_runs_on_a_node_and_takes_it_down_twice(tmp_p
         down = cli("down")
     assert down.returncode == 0 and cli("down").returncode == 0, down.stderr
     assert not namespaces_and_links(prefix)
+
+
+@pytest.mark.skipif(os.environ.get("TESTS_FORKSERVER") == "0", reason="TESTS_FORKSERVER=0: every rank fresh")
+def test_each_rank_forks_from_the_server_on_its_own_node(cluster_slurm):
+    # the client finds its node's server by the hostname: one on the wrong node would run the rank
+    # in that node's namespaces, under that node's name
+    probe = os.path.join(REPO, "tests", "cluster", "fork_probe.py")
+    out = cluster_slurm.srun("-N2", "-n4", "--mpi=pmix", cluster_slurm.python, probe).check().output
+    seen = sorted(line.split(": ", 1)[1] for line in out.splitlines() if line.startswith("fork-probe: "))
+    assert seen == [f"rank {r} on node{1 + r // 2} forked True" for r in range(4)], out[-3000:]

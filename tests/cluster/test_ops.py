@@ -5,7 +5,6 @@ node-major, so the node-aware ops reorder blocks between phases)."""
 
 import os
 import re
-import sys
 
 import pytest
 
@@ -19,7 +18,7 @@ HOSTS = {0: "node1", 1: "node1", 2: "node2", 3: "node2"}
 def test_every_op_matches_local_reference_across_nodes_and_in_node_and_cross_node_groups(cluster_slurm):
     groups = [",".join(map(str, g)) for g in GROUPS.values()]
     result = cluster_slurm.srun(
-        "-N2", "-n4", "--mpi=pmix", sys.executable, os.path.join(SCRIPTS, "check_ops.py"), *groups
+        "-N2", "-n4", "--mpi=pmix", cluster_slurm.python, os.path.join(SCRIPTS, "check_ops.py"), *groups
     )
     out = result.check().output
     oks = re.findall(r"rank (\d+): OK (\d+) checks on backends (\[[^\]]*\]) on (\S+)", out)
@@ -42,7 +41,7 @@ NODE_AWARE = ["node:mpi+gloo", "node:gloo+mpi", "node:mpi+mpi", "node:gloo+gloo"
 )
 def test_node_aware_candidates_match_local_reference_across_nodes(cluster_slurm, distribution, groups, hosts):
     script = os.path.join(SCRIPTS, "check_ops.py")
-    args = ["-N2", "-n4", "--mpi=pmix", f"--distribution={distribution}", sys.executable, script, *NODE_AWARE]
+    args = ["-N2", "-n4", "--mpi=pmix", f"--distribution={distribution}", cluster_slurm.python, script, *NODE_AWARE]
     out = cluster_slurm.srun(*args, *groups, timeout=600).check().output
     oks = re.findall(r"rank (\d+): OK (\d+) checks on backends (\[[^\]]*\]) on (\S+)", out)
     assert sorted(int(r) for r, *_ in oks) == [0, 1, 2, 3], out[-3000:]

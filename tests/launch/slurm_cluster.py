@@ -96,6 +96,7 @@ class Cluster:
         self.conf = os.path.join(state, "slurm.conf")
         self.env = dict(os.environ, SLURM_CONF=self.conf, PMIX_MCA_psec="native")
         self.nodes = [self.host]
+        self.python_env = {}  # what a job's ranks need to run a test's Python (tests/cluster: fork servers)
 
     def config(self) -> str:
         return slurm_conf(self.state, self.host, free_ports(2), [(self.host, "127.0.0.1", CPUS)], f"{self.state}/tmp")

@@ -50,6 +50,14 @@ def test_time_is_h_mm_ss_in_and_each_schedulers_form_out():
             parse_time(bad)
 
 
+def test_the_ranks_run_python_exec_where_set_else_the_preambles_python_or_this_one(monkeypatch):
+    monkeypatch.delenv("PYTHON_EXEC", raising=False)
+    assert f" {sys.executable} -m apps.moe " in script("local")
+    assert " python -m apps.moe " in script("polaris")  # its preamble loads the center's environment
+    monkeypatch.setenv("PYTHON_EXEC", "/other/python")  # as torchrun reads it for its workers
+    assert " /other/python -m apps.moe " in script("local") and " /other/python -m apps.moe " in script("polaris")
+
+
 def test_slurm_cpu_system_asks_for_no_gpus_and_no_partition_unless_given():
     text = script("local", nodes=1)
     assert "#SBATCH --ntasks-per-node=2" in text and "#SBATCH --cpus-per-task=1" in text

@@ -35,6 +35,7 @@ def system(slurm, ops_cache, tmp_path_factory):
 def launch(slurm, cwd, *args) -> str:
     """Run `python -m launch ...` as a user would, from `cwd`, with no venv on PATH."""
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ["HOME"], "SLURM_CONF": slurm.conf, "WANDB_MODE": "disabled"}
+    env.update(slurm.python_env)  # the job's ranks inherit it through sbatch
     proc = subprocess.run(
         [sys.executable, "-c", LAUNCH, *args], cwd=cwd, env=env, text=True, capture_output=True, timeout=900
     )
