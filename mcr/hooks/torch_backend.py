@@ -124,7 +124,7 @@ class RuntimeProcessGroup(dist.ProcessGroup):
         """One Work for every op issued since `_start_coalescing` (the runtime runs each at once,
         in order, on its chosen backend; nothing is deferred, so nothing is merged)."""
         works, self._coalesced = self._coalesced or [], None
-        handles = [h for work in works for h in (work._handles if isinstance(work._handles, list) else [work._handles])]
+        handles = [h for work in works for h in work.handles()]
         return handle_work(handles, []) if handles else DONE
 
     # --- collectives ---------------------------------------------------------------------------

@@ -68,6 +68,10 @@ class HandleWork(dist.Work):
     def is_success(self):
         return self.is_completed()
 
+    def handles(self) -> list:
+        """The runtime's handles this Work waits on (several for coalesced ops)."""
+        return self._handles if isinstance(self._handles, list) else [self._handles]
+
     def get_future(self):
         """A future set as soon as the op completes by the runtime's callback thread (DDP's
         reducer then overlaps the all-reduce with the rest of backward); Python callbacks chained
@@ -75,7 +79,7 @@ class HandleWork(dist.Work):
         the progress thread (MCR_PROGRESS_THREAD=0, or an MPI without MPI_THREAD_MULTIPLE) the
         op is waited on here."""
         rt = api.runtime()
-        handles = self._handles if isinstance(self._handles, list) else [self._handles]
+        handles = self.handles()
         if rt.progress is None:
             fut = CallbackFuture(handles, self._result)
             fut.settle()
