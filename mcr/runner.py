@@ -61,8 +61,7 @@ def prepare_blocking_run(rt, op, group, fn, comm, call=None, route=None, method=
         during, inner = driver.thread.during, call
         call = lambda *args: during(lambda: inner(*args))  # noqa: E731
     waits = rt.waits
-    recorder = rt.recorder if route is not None else None
-    open_entry = recorder.issue if recorder is not None else None
+    open_entry = rt.recorder.issue if route is not None and rt.recorder is not None else None
 
     def run(group, args):
         thread = get_ident()
@@ -101,8 +100,7 @@ def prepare_async_issue(rt, op, group, fn, comm, call=None, route=None, method=N
     held_comm = None if p2p else comm  # a later blocking op waits for earlier collectives only
     driven = op.label in rt.driver.needed
     add, watch, progress = rt.in_flight.add, rt.watch, rt.progress
-    recorder = rt.recorder if route is not None else None
-    open_entry = recorder.issue if recorder is not None else None
+    open_entry = rt.recorder.issue if route is not None and rt.recorder is not None else None
 
     def issue(group, args):
         entry = open_entry(route, group, method, async_op, args[1] if p2p else None) if open_entry is not None else None

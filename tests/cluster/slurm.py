@@ -45,8 +45,11 @@ class ClusterSlurm(slurm_cluster.Cluster):
             socket_path = os.path.join(where, f"{node}.socket")
             start_fork_server(socket_path, popen=functools.partial(self.cluster.popen, node), env=threads)
         self.python = write_fork_client(where)
-        self.python_env = {forkclient.SOCKET_VAR: os.path.join(where, "%h.socket"), "PYTHON_EXEC": self.python}
-        self.python_env.update(threads)
+        self.python_env = {
+            forkclient.SOCKET_VAR: os.path.join(where, "%h.socket"),
+            "PYTHON_EXEC": self.python,
+            **threads,
+        }
 
     def config(self) -> str:
         nodes = [(n, self.cluster.address(n), self.cluster.ranks_per_node) for n in self.nodes]

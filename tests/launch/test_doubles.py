@@ -25,14 +25,19 @@ from launch.systems import load_system
 DOUBLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "doubles")
 
 
+@pytest.fixture
+def doubles(tmp_path, monkeypatch):
+    """The doubles first on PATH, keeping their state (job ids, exit codes, arguments) in tmp_path."""
+    monkeypatch.setenv("PATH", DOUBLES + os.pathsep + os.environ["PATH"])
+    monkeypatch.setenv("SCHEDULER_DOUBLE_STATE", str(tmp_path))
+
+
 @pytest.mark.parametrize("system, launcher", [("lassen", "jsrun"), ("polaris", "cray-pals"), ("thetagpu", "openmpi")])
-def test_rank_discovery_end_to_end_under_scheduler_test_doubles(system, launcher, tmp_path, monkeypatch):
+def test_rank_discovery_end_to_end_under_scheduler_test_doubles(system, launcher, tmp_path, doubles):
     s = load_system(system, account="proj1")
     s.preamble = [f"export PATH={DOUBLES}:{os.path.dirname(sys.executable)}:$PATH"]  # instead of module/conda
     s.ranks_per_node, s.gpus_per_node, s.cpus_per_task = 2, 2, 3
     job = Job(s, 2, 600, str(tmp_path / "job"), "probe", "probe", [], module="tests.launch.probe")
-    monkeypatch.setenv("PATH", DOUBLES + os.pathsep + os.environ["PATH"])
-    monkeypatch.setenv("SCHEDULER_DOUBLE_STATE", str(tmp_path))
     job_id = submit(s.scheduler, write_script(job), cwd=job.job_dir)  # the double runs the job before answering
     # what launch submit --wait reads: Cobalt's qstat lists live jobs only, so an ended one is gone
     assert wait(s.scheduler, [job_id], 30, poll_s=0.1) == {job_id: "GONE" if s.scheduler == "cobalt" else "DONE"}
@@ -70,22 +75,18 @@ def test_rank_discovery_end_to_end_under_scheduler_test_doubles(system, launcher
 
 @pytest.mark.parametrize("scheduler", ["lsf", "pbs", "cobalt"])
 def test_a_scheduler_that_does_not_answer_leaves_a_job_unknown_and_one_it_does_not_know_is_gone(
-    scheduler, tmp_path, monkeypatch
+    scheduler, doubles, monkeypatch
 ):
     # a daemon too busy to answer, or restarting, must not end launch submit --wait (SLURM did once)
-    monkeypatch.setenv("PATH", DOUBLES + os.pathsep + os.environ["PATH"])
-    monkeypatch.setenv("SCHEDULER_DOUBLE_STATE", str(tmp_path))
     assert job_state(scheduler, "4242") == "GONE"  # "is not found", "Unknown Job Id", not listed
     monkeypatch.setenv("SCHEDULER_DOUBLE_DOWN", "1")
     assert job_state(scheduler, "4242") is None
 
 
 @pytest.mark.parametrize("system", ["lassen", "polaris"])
-def test_a_job_whose_ranks_fail_is_read_as_failed(system, tmp_path, monkeypatch):
+def test_a_job_whose_ranks_fail_is_read_as_failed(system, tmp_path, doubles):
     s = load_system(system, account="proj1")
     s.preamble = [f"export PATH={DOUBLES}:{os.path.dirname(sys.executable)}:$PATH"]
     job = Job(s, 1, 600, str(tmp_path / "job"), "probe", "probe", [], module="tests.launch.no_such_module")
-    monkeypatch.setenv("PATH", DOUBLES + os.pathsep + os.environ["PATH"])
-    monkeypatch.setenv("SCHEDULER_DOUBLE_STATE", str(tmp_path))
     job_id = submit(s.scheduler, write_script(job), cwd=job.job_dir)
     assert wait(s.scheduler, [job_id], 30, poll_s=0.1) == {job_id: "FAILED"}  # LSF's EXIT, PBS's exit status
