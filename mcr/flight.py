@@ -67,38 +67,52 @@ class FlightRecorder:
         self.records = itertools.count()  # each entry's record id
         self._dumping = threading.Lock()
 
-    def issue(self, route, group, method, async_op, peer=None, thread=None):
-        """A new entry for a call about to run; `entry[DONE]` (ns) is set when it completes (by the
-        caller for a blocking call, by the handle for an async one: `Handle.issued`).
-        It runs on every call (its cost: configs/tuning/vm-n2-bench-flight-recorder.txt): nothing
-        formatted, no lock (one thread issues a rank's ops; a dump copies the ring first). The
-        one place an entry is built: `mcr.runner`, `mcr.streams` and the runtime's chunked and
-        node-aware runs all call it."""
-        info = group.info
-        if route.op.family != "send_recv":
-            info.collective_seq += 1
-        else:
-            info.p2p_seq += 1
-        now = time_ns()
-        entry = [
-            next(self.records),
-            route,
-            info,
-            info.collective_seq,
-            info.p2p_seq,
-            method,
-            peer,
-            async_op,
-            thread or get_ident(),  # the caller; for an async op, whoever waits on it once one does
-            now,
-            0,
-            0,  # an async call's return to its caller (set by the caller)
-            0 if async_op else now,  # started: a blocking call at once, an async one when waited on
-        ]
-        self.entries.append(entry)
-        if self.kept is not None:
-            self.kept.append(entry)
-        return entry
+    def opener(self, route, method, async_op):
+        """A function of (group, peer=None, thread=None) that opens a new entry for a call of
+        `route` (`method`, blocking or `async_op`) about to run on `group`, appends it to the ring
+        and returns it; `entry[DONE]` (ns) is set when the call completes (by the caller for a
+        blocking call, by the handle for an async one: `Handle.issued`). `peer`: a send's or
+        receive's; `thread`: the caller's, where it already read it.
+        The one place an entry is built: `mcr.runner` and `mcr.streams` make one per route, the
+        runtime's chunked and node-aware runs one per call. What is the same for each call is
+        looked up here, once: the opener runs on every op (its cost:
+        configs/tuning/vm-n2-bench-flight-recorder.txt), formats nothing and takes no lock (one
+        thread issues a rank's ops; a dump copies the ring first)."""
+        p2p = route.op.family == "send_recv"
+        records, append, kept = self.records, self.entries.append, self.kept
+        if kept is not None:  # a trace keeps every entry too
+            ring_append = append
+
+            def append(entry):
+                ring_append(entry)
+                kept.append(entry)
+
+        def open_entry(group, peer=None, thread=None):
+            info = group.info
+            if p2p:
+                info.p2p_seq += 1
+            else:
+                info.collective_seq += 1
+            now = time_ns()
+            entry = [
+                next(records),
+                route,
+                info,
+                info.collective_seq,
+                info.p2p_seq,
+                method,
+                peer,
+                async_op,
+                thread or get_ident(),  # the caller; for an async op, whoever waits on it once one does
+                now,
+                0,
+                0,  # an async call's return to its caller (set by the caller)
+                0 if async_op else now,  # started: a blocking call at once, an async one when waited on
+            ]
+            append(entry)
+            return entry
+
+        return open_entry
 
     @staticmethod
     def waited(entry) -> None:

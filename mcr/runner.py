@@ -8,7 +8,7 @@ run per call for the runtime's own steps (node-aware phases, finalize's barriers
 blocking call that MPI cannot run beside a driver thread runs as an issue and a wait.
 Each call, in order:
 
-  1. opens the op's flight-recorder entry (`FlightRecorder.issue`; ops of a route only);
+  1. opens the op's flight-recorder entry (`FlightRecorder.opener`; ops of a route only);
   2. blocking: completes the async collectives issued earlier on the same communicator
      (`InFlight`) and registers the op with the watchdog for this thread;
   3. calls the backend, naming the op in any error; a blocking call keeps MPI moving meanwhile
@@ -61,12 +61,12 @@ def prepare_blocking_run(rt, op, group, fn, comm, call=None, route=None, method=
         during, inner = driver.thread.during, call
         call = lambda *args: during(lambda: inner(*args))  # noqa: E731
     waits = rt.waits
-    open_entry = rt.recorder.issue if route is not None and rt.recorder is not None else None
+    open_entry = rt.recorder.opener(route, method, False) if route is not None and rt.recorder is not None else None
 
     def run(group, args):
         thread = get_ident()
         if open_entry is not None:
-            entry = open_entry(route, group, method, False, args[1] if p2p else None, thread)
+            entry = open_entry(group, args[1] if p2p else None, thread)
         if earlier:
             in_flight.complete_earlier(comm)
         comm_log = rt.comm_log if logged else None
@@ -100,10 +100,10 @@ def prepare_async_issue(rt, op, group, fn, comm, call=None, route=None, method=N
     held_comm = None if p2p else comm  # a later blocking op waits for earlier collectives only
     driven = op.label in rt.driver.needed
     add, watch, progress = rt.in_flight.add, rt.watch, rt.progress
-    open_entry = rt.recorder.issue if route is not None and rt.recorder is not None else None
+    open_entry = rt.recorder.opener(route, method, async_op) if route is not None and rt.recorder is not None else None
 
     def issue(group, args):
-        entry = open_entry(route, group, method, async_op, args[1] if p2p else None) if open_entry is not None else None
+        entry = open_entry(group, args[1] if p2p else None) if open_entry is not None else None
         comm_log = rt.comm_log if logged else None
         started = perf_counter() if comm_log is not None else 0.0
         try:

@@ -251,7 +251,7 @@ class Runtime:
         # a route in chunks or node-aware phases: the runtime's own steps, each recorded by itself
         recorder = self.recorder
         if recorder is not None:
-            entry = recorder.issue(route, group, method, async_op, args[1] if family == "send_recv" else None)
+            entry = recorder.opener(route, method, async_op)(group, args[1] if family == "send_recv" else None)
         else:
             entry = None
         result = (

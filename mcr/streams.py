@@ -285,16 +285,18 @@ class CudaRoute:
         native = not staged and backend.reads_device(method, dtype, reduce_op)
         self.stream_ordered = native and backend.stream_ordered
         self.staged = not native
-        self.recorder = rt.recorder if route is not None else None
-        self.route, self.logged = route, logged
+        recorder = rt.recorder if route is not None else None
+        # each call's flight-recorder entry: blocking [False] or async [True]
+        self.openers = None if recorder is None else [recorder.opener(route, method, a) for a in (False, True)]
+        self.logged = logged
         self.p2p = op.family == "send_recv"
         self.driven = backend.name in rt.driver.needed
         self.inner_op = op._replace(label=backend.name)  # mpi/host waits in MPI: rule 3 by the backend's name
 
     def _entry(self, group, args, async_op):
-        if self.recorder is None:
+        if self.openers is None:
             return None
-        return self.recorder.issue(self.route, group, self.method, async_op, args[1] if self.p2p else None)
+        return self.openers[async_op](group, args[1] if self.p2p else None)
 
     def _ready_wait(self, order):
         """Rule 1 for a host-driven library: block until the issuing stream reached the op,
