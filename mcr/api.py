@@ -10,6 +10,7 @@ import atexit
 import logging
 import os
 import sys
+from datetime import timedelta
 
 import torch
 
@@ -403,9 +404,17 @@ def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False
 _NO_TENSOR = torch.empty(0, dtype=torch.uint8)  # what a barrier is chosen for: a CPU op of 0 bytes
 
 
-def barrier(group=None, async_op=False, device_ids=None, backend=None):
+def barrier(group=None, async_op=False, device_ids=None, backend=None, timeout=None):
+    """`timeout` (a timedelta or seconds): fail with a RuntimeError once this barrier waited
+    that long, as torch's `dist.barrier(timeout=)` on gloo does; it runs on a backend that takes
+    a timeout per call (gloo). The watchdog (MCR_WATCHDOG_TIMEOUT) still bounds every wait."""
     rt, g = _start(group)
-    return rt.call(Request("barrier", "barrier", 0, g, _NO_TENSOR, (), backend, async_op))
+    if timeout is None:
+        return rt.call(Request("barrier", "barrier", 0, g, _NO_TENSOR, (None,), backend, async_op))
+    if not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=timeout)
+    args = (timeout,)
+    return rt.call(Request("barrier", "barrier", 0, g, _NO_TENSOR, args, backend, async_op, "timed"))
 
 
 # --- point to point ----------------------------------------------------------------------------

@@ -41,6 +41,7 @@ class Call(NamedTuple):
     missing_intra: frozenset = frozenset()
     missing_inter: frozenset = frozenset()
     tagged: bool = False  # a send or receive with a tag (a library that ignores tags cannot run it)
+    timed: bool = False  # a barrier with a timeout of its own (only a library that takes one can run it)
 
     @property
     def uniform(self) -> bool:
@@ -131,7 +132,7 @@ def select_backend(
             require(name, family, why, backends, unavailable, call.missing)
         else:
             order = builtin_order(call.device_type)
-            name = next((n for n in order if n in backends and n not in call.missing), order[-1])
+            name = next((n for n in order if _runs(backends, n, call)), order[-1])
             why = "the built-in order"
     if is_node_aware(name):
         choice = parse_label(name)
@@ -176,6 +177,7 @@ def _runs(backends, name, call, host=False, missing=None) -> bool:
         and name not in (call.missing if missing is None else missing)
         and backend.supports(call.family, call.dtype, call.reduce_op, device_type)
         and (not call.tagged or backend.p2p_tags)
+        and (not call.timed or backend.call_timeouts)
     )
 
 
@@ -218,12 +220,19 @@ def _fallback(call, backends, unavailable, name, why, host=False) -> tuple:
                 return candidate, Note((name, call.group), note, True)
             if name not in backends:
                 problem = f"is unavailable ({unavailable.get(name, 'unknown backend')})"
+            elif call.timed and not backends[name].call_timeouts:
+                problem = "takes no timeout per call"
             else:
                 op_name = f" {reduce_op}" if reduce_op is not None else ""
                 copies = "host copies of " if host else ""
                 problem = f"cannot run {family}{op_name} on {copies}{device_type} {dtype_name(dtype)} tensors"
             key = (name, family, dtype, reduce_op, device_type)
             return candidate, Note(key, f"{name} ({why}) {problem}; using {candidate} for {family}", False)
+    if call.timed:
+        raise ValueError(
+            f"mcr.{family}: a timeout per call needs a backend that takes one (gloo), and none of "
+            f"{', '.join(backends)} does; add gloo to the backends (MCR_BACKENDS) or drop the timeout"
+        )
     op_name = f"{reduce_op} " if reduce_op is not None else ""
     raise ValueError(
         f"mcr.{family}: no available backend ({', '.join(backends)}) can run {op_name}on "

@@ -179,7 +179,7 @@ def time_call(rt, call, iters: int, warmup: int = 5, group=None, backend=None, p
     for _ in range(warmup):
         call()
     nothing = torch.empty(0, dtype=torch.uint8)
-    rt.call(Request("barrier", "barrier", 0, rt.world if group is None else group, nothing, (), backend))
+    rt.call(Request("barrier", "barrier", 0, rt.world if group is None else group, nothing, (None,), backend))
     samples = []
     clock, fastest = time.perf_counter, float("inf")
     for _ in range(iters):

@@ -7,7 +7,8 @@ from __future__ import annotations
 class Request:
     """What routes the call (`family`, `nbytes` by the op's own rule, `group`, `tensor` for dtype
     and device, `explicit`: the call's backend=, `reduce_op`: the reduction's name, or for a send
-    or receive with a tag "tagged", so that no library without tags is chosen) and what runs it
+    or receive with a tag "tagged", so that no library without tags is chosen, and for a barrier
+    with a timeout "timed", so that one that takes a timeout is) and what runs it
     (`method` of the chosen backend with `args`, `async_op`, and `after`: AVG's divide, run when
     the op is done)."""
 

@@ -101,11 +101,12 @@ class Router:
         """`mcr.choose.select_backend` for a call on `group` (the pure choice `python -m
         mcr.tools.explain` runs too), with what the group lacks: backends with no communicator
         on it, or on its node-local or peer groups (NCCL where two members share a GPU), known
-        alike on every member. A send or receive's `reduce_op` "tagged" says it has a tag."""
-        tagged = reduce_op == "tagged"
+        alike on every member. A send or receive's `reduce_op` "tagged" says it has a tag, a
+        barrier's "timed" that it has a timeout of its own."""
+        tagged, timed = reduce_op == "tagged", reduce_op == "timed"
         call = Call(
-            family, nbytes, group.size, group.nodes, dtype, device_type, None if tagged else reduce_op, explicit,
-            group.shape, group.gid, frozenset(group.unavailable), *self._phase_missing(group), tagged,
+            family, nbytes, group.size, group.nodes, dtype, device_type, None if tagged or timed else reduce_op,
+            explicit, group.shape, group.gid, frozenset(group.unavailable), *self._phase_missing(group), tagged, timed,
         )  # fmt: skip
         policy = Policy(self.cfg.overrides, self.cfg.backend, self.forced)
         unavailable = {**self.unavailable, **group.unavailable}

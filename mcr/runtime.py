@@ -368,7 +368,7 @@ class Runtime:
         comm_log, self.comm_log = self.comm_log, None  # already printed; the job's traffic only
         for name, backend in self.backends.items():
             if backend.closing_barrier and name in self.world.comms:
-                self.run(OpCall("finalize", name, 0, self.world.size), self.world, backend, "barrier", ())
+                self.run(OpCall("finalize", name, 0, self.world.size), self.world, backend, "barrier", (None,))
         self.comm_log = comm_log
         if self.progress is not None:
             self.progress.stop()

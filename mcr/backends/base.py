@@ -36,6 +36,9 @@ class Backend:
     # False for a library that matches a pair's messages in order, whatever their tags (NCCL):
     # a tagged send or receive is then chosen elsewhere
     p2p_tags: bool = True
+    # True for a library that takes a timeout per call and fails the call when it passes (gloo;
+    # MPI has none, and NCCL's ends the process): a barrier given one is chosen there
+    call_timeouts: bool = False
     # True for a library that runs no group where two members share a GPU (NCCL): the runtime
     # then opens no communicator of it there, and chooses another backend for that group
     gpu_per_rank: bool = False
@@ -130,7 +133,8 @@ class Backend:
         """src None: from any source (always async); the handle's `source()` names the sender's group rank."""
         raise NotImplementedError
 
-    def barrier(self, g, async_op):
+    def barrier(self, g, timeout, async_op):
+        """`timeout` (a timedelta): fail once it passed, where `call_timeouts` (None: the group's)."""
         raise NotImplementedError
 
     def member_group(self, key: str, ranks: list[int], group_rank: int, timeout=None):

@@ -485,7 +485,7 @@ class MPIBackend(Backend):
             return from_mpi_request(g.Irecv(self._bytes(tensor), src, tag), tensor)
         g.Recv(self._bytes(tensor), src, tag)
 
-    def barrier(self, g, async_op):
+    def barrier(self, g, timeout, async_op):  # never given a timeout: MPI takes none (call_timeouts)
         if async_op:
             return from_mpi_request(g.Ibarrier())
         g.Barrier()

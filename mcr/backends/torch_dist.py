@@ -150,12 +150,17 @@ class TorchDistBackend(Backend):
             handle.completes_alone = False
         return handle
 
-    def barrier(self, g, async_op):
-        return self._handle_or_wait(g.barrier(self._barrier_opts), async_op)
+    def barrier(self, g, timeout, async_op):
+        opts = self._barrier_opts
+        if timeout is not None:
+            opts = dist.BarrierOptions()
+            opts.timeout = timeout
+        return self._handle_or_wait(g.barrier(opts), async_op)
 
 
 class GlooBackend(TorchDistBackend):
     name = "gloo"
+    call_timeouts = True  # ProcessGroupGloo fails an op whose options' timeout passed
     p2p_completes_alone = False  # gloo marks a send/recv Work done only in its wait()
     reduce_scatter_completes_alone = False  # its reduce-scatter Works too (torch 2.13; tests/mcr/test_robustness.py)
     devices = frozenset({"cpu"})

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -55,6 +56,7 @@ _epoch = 0
 _adopt_runtime = False  # see adopting_runtime(): the runtime we started ends with torch's group
 
 _all_reduce = api.all_reduce  # bound once: the hot path skips module lookups
+_NO_TIMEOUT = timedelta(0)  # options' timeouts below it are torch's "unset" (kUnsetTimeout, -1 ms)
 # torch's ProcessGroup methods give every options argument a default (Python callers leave it
 # out: `pg.allreduce([t])`); C++ callers always pass one. Never modified, so shared.
 _DEFAULT_OPTS = {
@@ -229,7 +231,8 @@ class RuntimeProcessGroup(dist.ProcessGroup):
         return self._work(handle, outputs)
 
     def barrier(self, opts=_DEFAULT_OPTS["BarrierOptions"]):
-        return self._work(api.barrier(self.mcr_group, opts.asyncOp), [])
+        timeout = opts.timeout if opts.timeout >= _NO_TIMEOUT else None  # unset: negative
+        return self._work(api.barrier(self.mcr_group, opts.asyncOp, timeout=timeout), [])
 
     # --- point to point: torch's send/recv have no async flag; torch waits when it must -------
     def send(self, tensors, dst, tag):

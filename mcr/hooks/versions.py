@@ -15,7 +15,7 @@ import warnings
 # and its later patch releases, or consecutive tested releases. A release between two ranges was
 # not tested (`make test`'s hooks and conformance tests, the README says how each was run).
 TESTED = {
-    "torch": [("2.11", "2.12"), ("2.13", "2.16")],
+    "torch": [("2.11", "2.16")],
     "deepspeed": [("0.19.8", "0.20")],
 }
 

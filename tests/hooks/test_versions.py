@@ -21,7 +21,7 @@ def test_the_installed_torch_and_deepspeed_are_inside_the_tested_ranges():
 
 @pytest.mark.parametrize(
     "package, version",
-    [("torch", "2.16.0"), ("torch", "2.12.1+cpu"), ("torch", "2.10.0"), ("deepspeed", "0.20.0"), ("deepspeed", "0.18")],
+    [("torch", "2.16.0"), ("torch", "1.13.1"), ("torch", "2.10.0"), ("deepspeed", "0.20.0"), ("deepspeed", "0.18")],
 )
 def test_an_untested_version_gets_a_message_naming_the_range_and_what_to_do(package, version):
     low, high = versions.TESTED[package][-1]  # the newest range is the one to install
@@ -32,7 +32,9 @@ def test_an_untested_version_gets_a_message_naming_the_range_and_what_to_do(pack
     assert "mcr/hooks/versions.py" in message
 
 
-@pytest.mark.parametrize("version", ["2.11.0+cu130", "2.13.0+cpu", "2.14.1+cu130", "2.14.0", "2.15.0+cu132"])
+@pytest.mark.parametrize(
+    "version", ["2.11.0+cu130", "2.12.1+cu130", "2.13.0+cpu", "2.14.1+cu130", "2.14.0", "2.15.0+cu132"]
+)
 def test_each_tested_torch_release_and_its_patch_releases_are_inside(version):
     assert versions.untested_message("torch", version) is None
 

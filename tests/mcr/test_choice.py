@@ -180,6 +180,7 @@ class Runs:
     """A backend as the choice sees it: it runs every op on these devices."""
 
     p2p_tags = True
+    call_timeouts = False
 
     def __init__(self, *devices):
         self.devices = devices
@@ -288,3 +289,30 @@ def test_a_tagged_send_is_not_chosen_for_a_library_that_ignores_tags():
     assert select_backend(call, Policy({}), started, {}, lambda: None).backend == "nccl"
     picked = select_backend(call._replace(tagged=True), Policy({}), started, {}, lambda: None)
     assert picked.backend == "mpi", picked
+
+
+class Timed(Runs):
+    """A library that takes a timeout per call (gloo)."""
+
+    call_timeouts = True
+
+
+def test_a_barrier_with_a_timeout_runs_where_the_library_takes_one_and_says_so_where_none_does():
+    import torch
+
+    from mcr.choose import Call, Policy, select_backend
+
+    started = {**STARTED, "gloo": Timed("cpu")}
+    call = Call("barrier", 0, 2, 1, torch.uint8, "cpu")
+    assert select_backend(call, Policy({}), started, {}, lambda: None).backend == "mpi"
+    timed = call._replace(timed=True)
+    picked = select_backend(timed, Policy({}), started, {}, lambda: None)
+    assert (picked.backend, picked.notes) == ("gloo", ()), picked  # the built-in order: the first that can
+    picked = select_backend(timed, Policy({"barrier": "mpi"}), started, {}, lambda: None)
+    assert (
+        picked.backend == "gloo" and "mpi (the override for barrier) takes no timeout per call" in picked.notes[0].text
+    )
+    with pytest.raises(
+        ValueError, match=r"timeout per call needs a backend that takes one \(gloo\), and none of mpi does"
+    ):
+        select_backend(timed, Policy({}), {"mpi": Runs("cpu")}, {}, lambda: None)

@@ -1,0 +1,24 @@
+"""A barrier's own timeout (`mcr.barrier(timeout=)`, `dist.barrier(timeout=)` on backend "mcr"):
+it fails the barrier once passed, as on torch's gloo, on a backend that takes one."""
+
+import os
+
+import pytest
+
+from tests.ranks import run_script
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "barrier_timeout.py")
+
+
+@pytest.mark.parametrize("mode", ["api", "dist"])
+def test_a_barrier_with_a_timeout_fails_once_it_passed_and_the_job_goes_on(mode):
+    got = run_script(2, SCRIPT, mode, timeout=60).check().tagged("BARRIER")
+    sums = [30.0, 2.0]  # 10 + 20, 0.5 + 1.5
+    # rank 0's late barrier: gloo's timeout, after 0.5 s, not rank 1 leaving the group after 3 s
+    late = got["0"].pop("error")
+    assert "barrier on backend gloo" in late and "Timed out waiting 500ms" in late, late
+    assert 0.4 <= got["0"].pop("waited") < 2.0, got
+    assert got == {
+        "0": {"timed": "gloo", "untimed": "mpi", "sum": sums},
+        "1": {"timed": "gloo", "untimed": "mpi", "error": None, "waited": None, "sum": sums},
+    }
