@@ -1,9 +1,11 @@
 """A barrier's own timeout (`mcr.barrier(timeout=)`, `dist.barrier(timeout=)` on backend "mcr"):
 it fails the barrier once passed, as on torch's gloo, on a backend that takes one."""
 
+import inspect
 import os
 
 import pytest
+import torch.distributed as dist
 
 from tests.ranks import run_script
 
@@ -12,6 +14,8 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "barrier_timeout.py"
 
 @pytest.mark.parametrize("mode", ["api", "dist"])
 def test_a_barrier_with_a_timeout_fails_once_it_passed_and_the_job_goes_on(mode):
+    if mode == "dist" and "timeout" not in inspect.signature(dist.barrier).parameters:
+        pytest.skip("this torch's dist.barrier takes no timeout (torch 2.12 added it)")
     got = run_script(2, SCRIPT, mode, timeout=60).check().tagged("BARRIER")
     sums = [30.0, 2.0]  # 10 + 20, 0.5 + 1.5
     # rank 0's late barrier: gloo's timeout, after 0.5 s, not rank 1 leaving the group after 3 s
