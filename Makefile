@@ -96,7 +96,7 @@ MPI_WHEEL_impi := impi-rt==2021.19.0
 MPI_NAME_mpich := MPICH
 MPI_NAME_impi := Intel(R) MPI
 MPI_TESTS := tests/mcr/test_ops.py tests/mcr/test_progress.py tests/mcr/test_robustness.py \
-	tests/mcr/test_flight_recorder.py tests/mcr/test_env.py tests/launch/test_local.py
+	tests/mcr/test_flight_recorder.py tests/mcr/test_env.py tests/mcr/test_barrier_timeout.py tests/launch/test_local.py
 test-mpi: setup
 	test -n "$(MPI_WHEEL_$(MPI))" || { echo "make test-mpi: MPI=mpich or MPI=impi, not '$(MPI)'"; exit 2; }
 	test -x .mpi/$(MPI)/bin/mpiexec || $(PY) -m pip install -q --disable-pip-version-check --no-deps \
