@@ -409,12 +409,10 @@ def barrier(group=None, async_op=False, device_ids=None, backend=None, timeout=N
     that long, as torch's `dist.barrier(timeout=)` on gloo does; it runs on a backend that takes
     a timeout per call (gloo). The watchdog (MCR_WATCHDOG_TIMEOUT) still bounds every wait."""
     rt, g = _start(group)
-    if timeout is None:
-        return rt.call(Request("barrier", "barrier", 0, g, _NO_TENSOR, (None,), backend, async_op))
-    if not isinstance(timeout, timedelta):
+    if timeout is not None and not isinstance(timeout, timedelta):
         timeout = timedelta(seconds=timeout)
-    args = (timeout,)
-    return rt.call(Request("barrier", "barrier", 0, g, _NO_TENSOR, args, backend, async_op, "timed"))
+    timed = "timed" if timeout is not None else None
+    return rt.call(Request("barrier", "barrier", 0, g, _NO_TENSOR, (timeout,), backend, async_op, timed))
 
 
 # --- point to point ----------------------------------------------------------------------------

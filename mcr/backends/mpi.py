@@ -223,9 +223,9 @@ class MPIBackend(Backend):
         self._quiet.Iprobe(*self._any)
 
     def end_job(self):
-        # Hydra (MPICH, MVAPICH, Intel MPI) takes the job down on MPI_Abort without reading what
-        # its ranks wrote last: without a pause, the failing rank's traceback was lost in 3 runs
-        # of 10 (make test-mpi MPI=mpich)
+        # Hydra (MPICH, MVAPICH, Intel MPI) can take the job down on MPI_Abort before it read what
+        # the ranks wrote last: without a pause the failing rank's traceback was lost in some runs
+        # (3 of 10 at one time, `make test-mpi MPI=mpich`)
         time.sleep(ABORT_PAUSE_S)
         self.MPI.COMM_WORLD.Abort(1)
 
