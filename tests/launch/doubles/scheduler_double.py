@@ -8,8 +8,9 @@ script at once with the environment the scheduler documents (LSB_JOBID, LSB_DJOB
 PBS_JOBID, PBS_NODEFILE, COBALT_JOBID, COBALT_NODEFILE; "nodes" are this host under two names)
 and print the job id the way the real one does; bjobs and qstat answer for the jobs they ran in
 the real tools' words (and as a daemon that does not answer while SCHEDULER_DOUBLE_DOWN is set);
-the rank launchers start the ranks locally with the variables the real launcher sets (JSM_NAMESPACE_*, PMI_* and PALS_*, OMPI_COMM_WORLD_*),
-so the product's rank discovery runs end to end. jsrun's --smpiargs="-gpu" sets what Spectrum
+the rank launchers start the ranks locally with the variables the real launcher sets
+(JSM_NAMESPACE_*, PMI_* and PALS_*, OMPI_COMM_WORLD_*), so the product's rank discovery runs end
+to end. jsrun's --smpiargs="-gpu" sets what Spectrum
 MPI's -gpu sets in each rank (OMPI_MCA_pml_pami_enable_cuda=1). Each tool appends the arguments
 it was given, one JSON list a line, to <tool>.args in the state directory. Dispatches on the
 name it is called by.
