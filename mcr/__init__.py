@@ -15,6 +15,7 @@ from .api import (
     all_to_all_single,
     available_backends,
     barrier,
+    batch_isend_irecv,
     broadcast,
     dump_flight_record,
     finalize,

@@ -13,12 +13,13 @@ import sys
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
 
 from . import config as config_mod
 from . import env as launch_env
-from .group import route_key
+from .group import Group, route_key
 from .handle import Handle
-from .ops import REDUCE_OPS, ReduceOp
+from .ops import REDUCE_OPS, Average, ReduceOp
 from .request import Request
 from .runtime import Runtime
 
@@ -200,7 +201,7 @@ def _average(name, tensor, op, group_size):
         return op, None
     if not tensor.dtype.is_floating_point:
         raise TypeError(f"mcr.{name}: ReduceOp.AVG needs a floating-point tensor, got {tensor.dtype}; use SUM")
-    return "sum", lambda t=tensor: t.div_(group_size)
+    return "sum", Average(tensor, group_size)
 
 
 def _agreed_bytes(rt, family, group, nbytes) -> int:
@@ -449,6 +450,41 @@ def isend(tensor, dst, group=None, tag=0, backend=None) -> Handle:
 def irecv(tensor, src=None, group=None, tag=0, backend=None) -> Handle:
     """src=None receives from any source: `source_rank(handle)` names the sender once done."""
     return _p2p("irecv", "recv", tensor, src, group, tag, True, backend)
+
+
+def batch_isend_irecv(p2p_ops) -> list:
+    """Sends and receives issued together, as torch's `dist.batch_isend_irecv` (`dist.P2POp`s,
+    or anything with their `op`, `tensor`, `peer`, `group` and `tag`; `op` is `isend`/`irecv`,
+    torch's or mcr's). Their order between sends and receives does not matter. Where every op
+    runs on a GPU library (NCCL) they are one NCCL group on the group's communicator and one
+    Work comes back; elsewhere each is issued as `isend`/`irecv` and a handle per op comes back."""
+    if not p2p_ops:
+        raise ValueError("mcr.batch_isend_irecv: no ops given; pass a list of dist.P2POp(isend|irecv, tensor, peer)")
+    rt = runtime()
+    batch = [_batched(rt, p) for p in p2p_ops]
+    return rt.batch_p2p(batch)
+
+
+_SENDS = (isend, dist.isend)
+_RECEIVES = (irecv, dist.irecv)
+
+
+def _batched(rt, p2p):
+    """(group, method, tensor, group peer, tag) of one op of a batch, checked."""
+    group = getattr(p2p.group, "mcr_group", p2p.group)  # a torch group on backend "mcr": its runtime group
+    g = rt.world if group is None else group
+    if not isinstance(g, Group):
+        raise ValueError(f"mcr.batch_isend_irecv: group {p2p.group!r} is not a group of backend 'mcr'; use one")
+    if p2p.op in _SENDS:
+        method = "send"
+    elif p2p.op in _RECEIVES:
+        method = "recv"
+    else:
+        raise ValueError(f"mcr.batch_isend_irecv: op {p2p.op!r} is neither isend nor irecv")
+    _check(f"batch_isend_irecv ({method})", p2p.tensor)
+    if p2p.peer is None:
+        raise ValueError("mcr.batch_isend_irecv: every op needs its peer (no receive from any source in a batch)")
+    return g, method, p2p.tensor, g.group_rank(p2p.peer), p2p.tag or 0
 
 
 def source_rank(handle: Handle, group=None) -> int:

@@ -31,6 +31,7 @@ import queue
 import threading
 
 import torch
+import torch.distributed as dist
 
 from . import streams, threads
 
@@ -40,7 +41,7 @@ class CallbackFuture(torch.futures.Future):
     the callback thread, or a caller that chains a callback or waits (see the module's doc)."""
 
     def __init__(self, handles, result):
-        super().__init__(devices=sorted({h.device for h in handles if h.device is not None}, key=str) or None)
+        super().__init__(devices=sorted({d for d in map(_device, handles) if d is not None}, key=str) or None)
         self._handles = handles
         self._result = result  # the value, or a function that makes it once the op is done
         self._claim = threading.Lock()
@@ -56,7 +57,10 @@ class CallbackFuture(torch.futures.Future):
             return
         try:
             for handle in self._handles:
-                handle.wait()  # under the watchdog; rule 3 keeps MPI moving meanwhile
+                if isinstance(handle, dist.Work):  # a GPU library's: its future orders this stream,
+                    handle.get_future().wait()  # and its wait() would free its tensors for that stream
+                else:
+                    handle.wait()  # under the watchdog; rule 3 keeps MPI moving meanwhile
             value = self._result() if callable(self._result) else self._result
         except Exception as exc:  # the waiter (DDP, a hook) sees the op's error
             super().set_exception(exc)
@@ -81,6 +85,11 @@ class CallbackFuture(torch.futures.Future):
     def value(self):
         self.settle()
         return super().value()
+
+
+def _device(handle):
+    """The GPU an op ran on: an mcr handle says; a GPU library's Work (NCCL) is on the bound one."""
+    return streams.bound_device() if isinstance(handle, dist.Work) else handle.device
 
 
 class CallbackThread:

@@ -47,3 +47,21 @@ def bus_factor(family: str, n: int) -> float:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).replace("torch.", "")
+
+
+class Average:
+    """AVG's finisher where the library has no average of its own: the SUM's result divided by
+    the group size. A library with one (`Backend.native_avg`) gets "avg" instead (`Runtime.call`)."""
+
+    __slots__ = ("tensor", "group_size")
+
+    def __init__(self, tensor, group_size):
+        self.tensor, self.group_size = tensor, group_size
+
+    def __call__(self):
+        self.tensor.div_(self.group_size)
+
+
+def as_average(args) -> tuple:
+    """A reduction's arguments with its "sum" made "avg" (the only string among them)."""
+    return tuple("avg" if type(a) is str else a for a in args)

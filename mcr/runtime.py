@@ -56,9 +56,12 @@ from .flight import DONE, RETURNED, FlightRecorder
 from .group import Group, route_key
 from .inflight import InFlight
 from .mpi_driver import MPIDriver
+from .ops import Average, as_average
 from .progress import ProgressThread
+from .request import Request
 from .routing import OpCall, Router
 from .runner import prepare_async_issue, prepare_blocking_run
+from .stream_ordered import StreamOps, StreamOrderedRoute, then
 from .streams import CudaRoute
 from .tuning.online import OnlineTuner
 from .watchdog import Watchdog
@@ -103,8 +106,14 @@ class Runtime:
             else None
         )
         self.traced = bool(cfg.trace_dir)  # each op also a span in a running torch.profiler's trace (`mcr.trace`)
+        # ops of a GPU library (NCCL), read on the recorder's, comm log's and watchdog's schedule
+        self.stream_ops = StreamOps()
         dump = self.dump_flight_record if self.recorder is not None else None
-        self.watchdog = Watchdog(info.rank, cfg.watchdog_timeout_s, dump) if cfg.watchdog_timeout_s > 0 else None
+        self.watchdog = (
+            Watchdog(info.rank, cfg.watchdog_timeout_s, dump, self.stream_ops.settle)
+            if cfg.watchdog_timeout_s > 0
+            else None
+        )
         # the watchdog's {thread: op} map each blocking wait registers in (no watchdog: one nobody reads)
         self.waits = self.watchdog.waits if self.watchdog is not None else {}
         self.watch = self._watched_wait  # bound once: every async handle carries it
@@ -128,6 +137,7 @@ class Runtime:
         is set. Safe from any thread, and at any moment (the watchdog, signals)."""
         if self.recorder is None:
             return None
+        self.stream_ops.settle()  # GPU ops the GPU has run since the last look: stamped done
         try:
             path = self.recorder.dump(why, directory, frame)
         except OSError as exc:
@@ -240,14 +250,16 @@ class Runtime:
         if ready is None:
             ready = self._make_route(key, family, group, tensor)
         route, blocking, issue = ready
-        if blocking is not None:  # one backend call, prepared (mcr.runner)
+        if blocking is not None:  # one backend call, prepared (mcr.runner, mcr.stream_ordered)
+            if after is not None and type(after) is Average and route.backend.native_avg:
+                args, after = as_average(args), None  # the library's own average
             if not async_op:
                 blocking(group, args)
                 if after is not None:
                     after()
                 return None
             handle = issue(group, args)
-            return handle if after is None else handle.then(after)
+            return handle if after is None else then(handle, after)
         # a route in chunks or node-aware phases: the runtime's own steps, each recorded by itself
         recorder = self.recorder
         if recorder is not None:
@@ -268,9 +280,53 @@ class Runtime:
         if after is None:
             return result
         if async_op:
-            return result.then(after)
+            return then(result, after)
         after()
         return None
+
+    def batch_p2p(self, batch) -> list:
+        """Sends and receives issued together (`mcr.api.batch_isend_irecv`): [(group, method,
+        tensor, group peer, tag)]. On a GPU library, one group of the library on the group's
+        communicator (one Work); elsewhere each op as its own isend/irecv (a handle each). Each
+        op's backend is chosen as for a lone send or receive, so both sides of each pair agree."""
+        routes = []
+        for group, method, tensor, _, tag in batch:
+            reduce_op = "tagged" if tag else None
+            key = route_key(method, tensor.nbytes, tensor, None, reduce_op, self.router.forced)
+            ready = group.routes.get(key) or self._make_route(key, "send_recv", group, tensor)
+            routes.append(ready[0])
+        native = [r.device_type == "cuda" and r.backend.gpu_native and not r.staged for r in routes]
+        if not any(native):
+            return [
+                self.call(
+                    Request("send_recv", m, t.nbytes, g, t, (t, peer, tag), None, True, "tagged" if tag else None)
+                )
+                for g, m, t, peer, tag in batch
+            ]
+        where = {(r.op.label, id(b[0])) for r, b in zip(routes, batch)}
+        if not all(native) or len(where) > 1:
+            ran = ", ".join(f"{m} of {t.nbytes} bytes on {r.op.label}" for r, (_, m, t, _, _) in zip(routes, batch))
+            raise ValueError(
+                f"mcr.batch_isend_irecv: the batch's ops run on different backends or groups ({ran}), so they "
+                "cannot be one group of one library on both sides; batch only ops of one group that run on one "
+                "GPU library (CUDA tensors the same library takes), or issue them one by one with isend/irecv"
+            )
+        return [self._gpu_batch(batch, routes)]
+
+    def _gpu_batch(self, batch, routes):
+        group, backend = batch[0][0], routes[0].backend
+        entries = None
+        if self.recorder is not None:
+            entries = tuple(
+                self.recorder.opener(r, m, True)(group, peer) for r, (_, m, _, peer, _) in zip(routes, batch)
+            )
+        try:
+            work = backend.p2p_batch(group.comms[backend.name], [(m, t, peer) for _, m, t, peer, _ in batch], True)
+        except Exception as exc:
+            raise self.op_error(routes[0].op, group, exc) from exc
+        if not torch.cuda.is_current_stream_capturing():
+            self.stream_ops.add(work, routes[0].op, entries)
+        return work
 
     def _make_route(self, key, family, group, tensor):
         """(route, blocking run, async issue) for `key` in the group's cache; the two runs
@@ -283,7 +339,10 @@ class Runtime:
         if route.runs_whole(nbytes):
             backend = route.backend
             fn, comm = getattr(backend, method), group.comms[backend.name]
-            if is_cuda:
+            if is_cuda and backend.gpu_native and not route.staged:
+                gpu = StreamOrderedRoute(self, route.op, backend, method, comm, route)
+                blocking, issue = gpu.run, gpu.issue
+            elif is_cuda:
                 cuda = CudaRoute(
                     self, route.op, backend, method, comm, route, route.staged, reduce_op=reduce_op, dtype=dtype
                 )
@@ -305,6 +364,8 @@ class Runtime:
         phases, finalize's barriers, debug checks), as `mcr.runner` describes; on CUDA tensors
         under the stream rules (`mcr.streams`)."""
         comm = group.comms[backend.name]
+        if streams.device_of(args) is not None and backend.gpu_native:
+            return StreamOrderedRoute(self, op, backend, method, comm).run(group, args)
         if streams.device_of(args) is not None:
             dtype = next(a.dtype for a in args if isinstance(a, torch.Tensor))
             reduce_op = next((a for a in args if isinstance(a, str)), None)  # a reduction's op name
@@ -352,6 +413,7 @@ class Runtime:
         self.in_flight.complete_all()  # under the watchdog: a peer that never posts its part is named
         self.callbacks.stop()  # the futures of those ops; their callbacks may issue more ops
         self.in_flight.complete_all()
+        self.stream_ops.settle(block=True)  # GPU ops: stamped done and timed once the GPU ran them
         if self.cfg.flight_recorder_dump_on_finalize:
             self.dump_flight_record("finalize")
         if self.cfg.trace_dir:

@@ -34,8 +34,11 @@ class Watchdog:
     OpCall, the same object for every call of the route, and a train of one op, the caller in
     it at every look, would read as one wait as long as the train."""
 
-    def __init__(self, rank: int, timeout_s: float, dump=None):
+    def __init__(self, rank: int, timeout_s: float, dump=None, pending=None):
+        """`pending()`: the oldest op queued on a GPU that the GPU has not run yet, as `(what,)`
+        (the same tuple while it stays the oldest), or None (`mcr.stream_ordered.StreamOps`)."""
         self.rank = rank
+        self.pending = pending
         self.timeout_s = timeout_s
         self.dump = dump  # dump(why): the flight recorder's, or None
         self.waits = {}
@@ -99,7 +102,11 @@ class Watchdog:
                 return
             now = time.monotonic()
             seen = {}
-            for wait in list(self.waits.values()):
+            waits = list(self.waits.values())
+            gpu = self.pending() if self.pending is not None else None
+            if gpu is not None:
+                waits.append(gpu)
+            for wait in waits:
                 earlier = self._first_seen.get(id(wait))
                 seen[id(wait)] = earlier if earlier is not None and earlier[0] is wait else (wait, now)
                 waited = now - seen[id(wait)][1]

@@ -2,8 +2,10 @@
 
 Backends are thin: they run the op they are given on the group object they created, and know
 nothing about choice, logging or watchdogs (those live in `mcr.runtime`). Ranks passed in are
-ranks *within the group*. Every op returns a `Handle` when `async_op` is true, else None after
-the op has completed. AVG never reaches a backend: the runtime turns it into SUM and a divide.
+ranks *within the group*. Every op returns a `Handle` when `async_op` is true (a `gpu_native`
+library: torch's Work), else None after the op has completed (a `gpu_native` library: once it is
+queued on the caller's current stream). AVG reaches only a backend with `native_avg`: for the
+others the runtime runs SUM and a divide.
 """
 
 from __future__ import annotations
@@ -42,6 +44,11 @@ class Backend:
     # True for a library that runs no group where two members share a GPU (NCCL): the runtime
     # then opens no communicator of it there, and chooses another backend for that group
     gpu_per_rank: bool = False
+    # True for a GPU library whose ops are kernels on CUDA streams and never block the host
+    # (NCCL): the runtime runs its ops on CUDA tensors as torch does (`mcr.stream_ordered`)
+    gpu_native: bool = False
+    # True for a library that averages itself (NCCL's ncclAvg): AVG is not SUM and a divide there
+    native_avg: bool = False
 
     @classmethod
     def start(cls, info, store, timeout_s: float, cfg=None) -> "Backend":

@@ -21,6 +21,7 @@ from .base import Backend, BackendUnavailable
 # has (its public all_gather_single/reduce_scatter_single live on ProcessGroup only). Resolved
 # once, as Megatron's mappings do.
 _CppBackend = torch._C._distributed_c10d.Backend
+_AllgatherOptions = torch._C._distributed_c10d.AllgatherOptions  # not re-exported by torch.distributed
 _all_gather_single = getattr(_CppBackend, "all_gather_single", None) or _CppBackend._allgather_base
 _reduce_scatter_single = getattr(_CppBackend, "reduce_scatter_single", None) or _CppBackend._reduce_scatter_base
 
@@ -29,6 +30,8 @@ ABORTED = []
 
 
 class TorchDistBackend(Backend):
+    _all_gather_single = staticmethod(_all_gather_single)
+    _reduce_scatter_single = staticmethod(_reduce_scatter_single)
     p2p_completes_alone = True  # the library marks a send/recv Work done without a wait
     reduce_scatter_completes_alone = True  # ... and a reduce-scatter Work
     stream_ordered = True  # syncStream at issue, the current stream blocked at wait (CUDA tensors)
@@ -37,11 +40,10 @@ class TorchDistBackend(Backend):
         # rank and world size: each group's come with new_group()
         self._store = store
         self._timeout = timedelta(seconds=timeout_s)
-        # Options objects are built once: allocating them per call costs microseconds.
-        self._allreduce_opts = {}
-        self._reduce_scatter_opts = {}
-        self._barrier_opts = dist.BarrierOptions()
-        self._all_to_all_opts = dist.AllToAllOptions()
+        # Options objects are built once per (kind, reduce op, async): allocating them per call
+        # costs microseconds. `asyncOp` is torch's own flag: false runs an NCCL op on the
+        # caller's current stream and returns no Work, as `dist.all_reduce` does.
+        self._opts = {}
 
     def version(self) -> str:
         return f"torch {torch.__version__}"
@@ -62,71 +64,76 @@ class TorchDistBackend(Backend):
         comm.abort()
         ABORTED.append(comm)
 
-    @staticmethod
-    def _handle_or_wait(work, async_op, keep=None):
+    def _handle_or_wait(self, work, async_op, keep=None):
         if async_op:
             return from_torch_work(work, keep)
-        work.wait()
+        if work is not None:  # NCCL with asyncOp false returns none: the op is on the current stream
+            work.wait()
         return None
 
-    @staticmethod
-    def _reduce_opts(cache, make, reduce_op):
-        opts = cache.get(reduce_op)
+    def _options(self, make, async_op, reduce_op=None):
+        """One options object per (kind, reduce op, async), built at first use."""
+        key = (make, reduce_op, async_op)
+        opts = self._opts.get(key)
         if opts is None:
-            opts = cache[reduce_op] = make()
-            opts.reduceOp = REDUCE_OPS[reduce_op]
+            opts = self._opts[key] = make()
+            opts.asyncOp = async_op
+            if reduce_op is not None:
+                opts.reduceOp = REDUCE_OPS[reduce_op]
         return opts
 
-    def _ar_opts(self, reduce_op):
-        return self._reduce_opts(self._allreduce_opts, dist.AllreduceOptions, reduce_op)
-
     def all_reduce(self, g, tensor, reduce_op, async_op):
-        return self._handle_or_wait(g.allreduce([tensor], self._ar_opts(reduce_op)), async_op)
+        return self._handle_or_wait(
+            g.allreduce([tensor], self._options(dist.AllreduceOptions, async_op, reduce_op)), async_op
+        )
 
     def reduce(self, g, tensor, dst, reduce_op, async_op):
         opts = dist.ReduceOptions()
-        opts.reduceOp, opts.rootRank, opts.rootTensor = REDUCE_OPS[reduce_op], dst, 0
+        opts.reduceOp, opts.rootRank, opts.rootTensor, opts.asyncOp = REDUCE_OPS[reduce_op], dst, 0, async_op
         return self._handle_or_wait(g.reduce([tensor], opts), async_op)
 
     def broadcast(self, g, tensor, src, async_op):
         opts = dist.BroadcastOptions()
-        opts.rootRank, opts.rootTensor = src, 0
+        opts.rootRank, opts.rootTensor, opts.asyncOp = src, 0, async_op
         return self._handle_or_wait(g.broadcast([tensor], opts), async_op)
 
     def all_gather(self, g, output_list, tensor, async_op):
-        return self._handle_or_wait(g.allgather([output_list], [tensor]), async_op)
+        opts = self._options(_AllgatherOptions, async_op)
+        return self._handle_or_wait(g.allgather([output_list], [tensor], opts), async_op)
 
     def all_gather_into_tensor(self, g, output, tensor, async_op):
-        return self._handle_or_wait(_all_gather_single(g, output, tensor), async_op)
+        opts = self._options(_AllgatherOptions, async_op)
+        return self._handle_or_wait(self._all_gather_single(g, output, tensor, opts), async_op)
 
     def gather(self, g, tensor, gather_list, dst, async_op):
         opts = dist.GatherOptions()
-        opts.rootRank = dst
+        opts.rootRank, opts.asyncOp = dst, async_op
         outputs = [gather_list] if gather_list is not None else []
         return self._handle_or_wait(g.gather(outputs, [tensor], opts), async_op)
 
     def scatter(self, g, tensor, scatter_list, src, async_op):
         opts = dist.ScatterOptions()
-        opts.rootRank = src
+        opts.rootRank, opts.asyncOp = src, async_op
         inputs = [scatter_list] if scatter_list is not None else []
         return self._handle_or_wait(g.scatter([tensor], inputs, opts), async_op)
 
-    def _rs_opts(self, reduce_op):
-        return self._reduce_opts(self._reduce_scatter_opts, dist.ReduceScatterOptions, reduce_op)
-
     def reduce_scatter(self, g, output, input_list, reduce_op, async_op):
-        work = g.reduce_scatter([output], [input_list], self._rs_opts(reduce_op))
+        opts = self._options(dist.ReduceScatterOptions, async_op, reduce_op)
+        work = g.reduce_scatter([output], [input_list], opts)
         return self._completing(self._handle_or_wait(work, async_op), self.reduce_scatter_completes_alone)
 
     def reduce_scatter_tensor(self, g, output, input, reduce_op, async_op):
-        work = _reduce_scatter_single(g, output, input, self._rs_opts(reduce_op))
+        opts = self._options(dist.ReduceScatterOptions, async_op, reduce_op)
+        work = self._reduce_scatter_single(g, output, input, opts)
         return self._completing(self._handle_or_wait(work, async_op), self.reduce_scatter_completes_alone)
 
     def all_to_all(self, g, output_list, input_list, async_op):
-        return self._handle_or_wait(g.alltoall(output_list, input_list, self._all_to_all_opts), async_op)
+        opts = self._options(dist.AllToAllOptions, async_op)
+        return self._handle_or_wait(g.alltoall(output_list, input_list, opts), async_op)
 
     def all_to_all_single(self, g, output, input, output_splits, input_splits, async_op):
-        work = g.alltoall_base(output, input, output_splits or [], input_splits or [], self._all_to_all_opts)
+        opts = self._options(dist.AllToAllOptions, async_op)
+        work = g.alltoall_base(output, input, output_splits or [], input_splits or [], opts)
         return self._handle_or_wait(work, async_op)
 
     def send(self, g, tensor, dst, tag, async_op):
@@ -151,10 +158,10 @@ class TorchDistBackend(Backend):
         return handle
 
     def barrier(self, g, timeout, async_op):
-        opts = self._barrier_opts
+        opts = self._options(dist.BarrierOptions, async_op)
         if timeout is not None:
             opts = dist.BarrierOptions()
-            opts.timeout = timeout
+            opts.timeout, opts.asyncOp = timeout, async_op
         return self._handle_or_wait(g.barrier(opts), async_op)
 
 
@@ -197,7 +204,7 @@ class GlooBackend(TorchDistBackend):
             packed_in,
             [t.numel() for t in output_list],
             [t.numel() for t in input_list],
-            self._all_to_all_opts,
+            self._options(dist.AllToAllOptions, async_op),
         )
 
         def copy_out():
@@ -221,12 +228,26 @@ NCCL_DTYPES = frozenset(
 NCCL_REDUCE_OPS = frozenset({"sum", "avg", "product", "min", "max"})
 
 
+def _device():
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+def _split_color(ranks) -> int:
+    """A group's colour for ncclCommSplit: the same on its members, a C int (torch's rule)."""
+    return abs(hash(tuple(ranks))) % (1 << 31)
+
+
 class NcclBackend(TorchDistBackend):
     name = "nccl"
     devices = frozenset({"cuda"})
     closing_barrier = False  # finalize() meets on the host libraries; NCCL's ops are done by then
     p2p_tags = False  # NCCL matches a pair's sends to its receives in order, whatever the tag
     gpu_per_rank = True  # "Duplicate GPU detected": two ranks of a communicator on one GPU
+    gpu_native = True  # kernels on CUDA streams: run as torch runs them (mcr.stream_ordered)
+    native_avg = True  # ncclAvg (NCCL 2.10+, which every torch this runs on has)
+    # the flat all-gather and reduce-scatter through the object, as its own methods
+    _all_gather_single = staticmethod(lambda g, *args: getattr(g, _all_gather_single.__name__)(*args))
+    _reduce_scatter_single = staticmethod(lambda g, *args: getattr(g, _reduce_scatter_single.__name__)(*args))
 
     def __init__(self, store, rank, world_size, timeout_s):
         if not torch.cuda.is_available():
@@ -245,14 +266,44 @@ class NcclBackend(TorchDistBackend):
     def version(self) -> str:
         return "nccl " + ".".join(map(str, torch.cuda.nccl.version()))
 
-    def _make_pg(self, store, group_rank, group_size, timeout):
+    def _handle_or_wait(self, work, async_op, keep=None):
+        """An async op's handle is torch's Work itself (`mcr.stream_ordered`); a blocking op ran
+        on the caller's current stream and returned none (an older torch's Work is waited on)."""
+        if async_op:
+            return work
+        if work is not None:
+            work.wait()
+        return None
+
+    def new_group(self, gid, ranks, group_rank, timeout=None):
+        """A group every world rank creates (`mcr.new_group`): its communicator split from the
+        world's (ncclCommSplit: no new bootstrap), each member's colour its ranks', and every
+        other rank taking part with no colour, as NCCL requires and torch's new_group does."""
+        world = self._made[0] if self._made else None
+        if group_rank < 0:
+            if world is not None:
+                world.perform_nocolor_split(_device())
+            return None
+        store = dist.PrefixStore(f"{self.name}/{gid}/", self._store)
+        return self._make_pg(store, group_rank, len(ranks), timeout or self._timeout, split=(world, ranks))
+
+    def member_group(self, key, ranks, group_rank, timeout=None):
+        """A group its members alone create (torch's hook): a communicator of its own, since a
+        split needs every rank of the world."""
+        store = dist.PrefixStore(f"{self.name}/{key}/", self._store)
+        return self._make_pg(store, group_rank, len(ranks), timeout or self._timeout)
+
+    def _make_pg(self, store, group_rank, group_size, timeout, split=None):
         """Its communicator made now, on the bound device: made lazily, the first op's issue
         would block until every member arrived (a blocking issue breaks the mixing rules: an
-        isend before an MPI op on one rank, after it on the peer, would deadlock)."""
+        isend before an MPI op on one rank, after it on the peer, would deadlock). `split`:
+        (the world's group, this group's world ranks) where every world rank creates it."""
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = timeout
+        if split is not None and split[0] is not None:
+            opts.split_from, opts.split_color = split[0], _split_color(split[1])
         pg = dist.ProcessGroupNCCL(store, group_rank, group_size, opts)
-        pg.eager_connect_single_device(torch.device("cuda", torch.cuda.current_device()))
+        pg.eager_connect_single_device(_device())
         self._made.append(pg)
         return pg
 
@@ -279,10 +330,30 @@ class NcclBackend(TorchDistBackend):
     def reads_device(self, method, dtype, reduce_op):
         return True
 
+    # Every send and receive is an NCCL group on the group's communicator, as in a batch: outside
+    # one, ProcessGroupNCCL makes a 2-rank communicator per pair at the first send, blocking at
+    # issue until the peer arrives (and its own stream and buffers).
+    def send(self, g, tensor, dst, tag, async_op):
+        return self.p2p_batch(g, [("send", tensor, dst)], async_op)
+
     def recv(self, g, tensor, src, tag, async_op):
         if src is None:  # the sender chose NCCL too (it cannot know the receive is from anyone)
             raise ValueError(
                 "a receive from any source cannot run on nccl, which has none; pass src, or run both the send "
                 "and the receive on a backend that has one (backend='mpi' or 'gloo' on both)"
             )
-        return super().recv(g, tensor, src, tag, async_op)
+        return self.p2p_batch(g, [("recv", tensor, src)], async_op)
+
+    def p2p_batch(self, g, ops, async_op):
+        """Sends and receives [(\"send\" or \"recv\", tensor, group peer)] as one NCCL group
+        (torch's coalescing manager for batch_isend_irecv): one Work for all of them."""
+        device = ops[0][1].device
+        g._start_coalescing(device)
+        for kind, tensor, peer in ops:
+            (g.send if kind == "send" else g.recv)([tensor], peer, 0)
+        work = g._end_coalescing(device)
+        if async_op:
+            return work
+        if work is not None:
+            work.wait()
+        return None

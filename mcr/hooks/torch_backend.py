@@ -44,8 +44,9 @@ from .. import api
 from .. import env as launch_env
 from ..group import Group
 from ..ops import ReduceOp
+from ..stream_ordered import then
 from . import versions
-from .work import DONE, handle_work
+from .work import DONE, HandleWork, handle_work
 
 BACKEND_NAME = "mcr"
 
@@ -126,7 +127,7 @@ class RuntimeProcessGroup(dist.ProcessGroup):
         """One Work for every op issued since `_start_coalescing` (the runtime runs each at once,
         in order, on its chosen backend; nothing is deferred, so nothing is merged)."""
         works, self._coalesced = self._coalesced or [], None
-        handles = [h for work in works for h in work.handles()]
+        handles = [h for work in works for h in (work.handles() if isinstance(work, HandleWork) else [work])]
         return handle_work(handles, []) if handles else DONE
 
     # --- collectives ---------------------------------------------------------------------------
@@ -145,7 +146,7 @@ class RuntimeProcessGroup(dist.ProcessGroup):
             return DONE
         flat = torch.cat([t.reshape(-1) for t in tensors])
         handle = api.all_reduce(flat, _op(opts.reduceOp), self.mcr_group, True)
-        handle.then(lambda: _unflatten(flat, tensors))
+        handle = then(handle, lambda: _unflatten(flat, tensors))
         return self._work_or_wait(handle, tensors, opts.asyncOp)
 
     def reduce(self, tensors, opts=_DEFAULT_OPTS["ReduceOptions"]):
@@ -253,10 +254,11 @@ class RuntimeProcessGroup(dist.ProcessGroup):
         return gloo
 
     def _work(self, handle, result):
-        """The Work for an op's handle (None: a blocking op, done); kept while coalescing."""
+        """The Work for an op's handle (None: a blocking op, done); kept while coalescing. A GPU
+        library's op (NCCL) is torch's Work already: its future is torch's CUDA-aware one."""
         if handle is None:
             return DONE
-        work = handle_work(handle, result)
+        work = handle if isinstance(handle, dist.Work) else handle_work(handle, result)
         if self._coalesced is not None:
             self._coalesced.append(work)
         return work
@@ -371,10 +373,30 @@ def _create(opts, pg_options):
     return RuntimeProcessGroup(group, owns_runtime=_adopt_runtime)
 
 
+_torch_batch_isend_irecv = dist.batch_isend_irecv
+
+
+def batch_isend_irecv(p2p_op_list):
+    """torch's `dist.batch_isend_irecv`, which `register` puts in its place: a batch of CUDA
+    tensors on a group of backend "mcr" is `mcr.batch_isend_irecv` (one NCCL group on the
+    group's communicator, as torch's coalescing manager makes it for a plain NCCL group: torch
+    takes that path only where `type(group) is ProcessGroup`, never for a subclass, and would
+    send each op alone, each pair on a communicator of its own); anything else is torch's."""
+    group = p2p_op_list[0].group if p2p_op_list else None
+    if group is None and dist.is_initialized():
+        group = dist.distributed_c10d._get_default_group()
+    if isinstance(group, RuntimeProcessGroup) and p2p_op_list[0].tensor.is_cuda:
+        return api.batch_isend_irecv(p2p_op_list)
+    return _torch_batch_isend_irecv(p2p_op_list)
+
+
 def register() -> None:
-    """Register backend "mcr" with torch.distributed (idempotent; `import mcr` calls it)."""
+    """Register backend "mcr" with torch.distributed (idempotent; `import mcr` calls it), and
+    put `batch_isend_irecv` above in place of torch's (a name bound before `import mcr`, as by
+    `from torch.distributed import batch_isend_irecv`, keeps torch's)."""
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
+    dist.batch_isend_irecv = dist.distributed_c10d.batch_isend_irecv = batch_isend_irecv
     versions.warn_if_untested("torch", torch.__version__)
     devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=devices)
