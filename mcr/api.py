@@ -145,11 +145,12 @@ def available_backends() -> dict:
     return {**{n: None for n in rt.backends}, **rt.unavailable}
 
 
-def new_group(ranks=None, timeout=None, backend=None, **_torch_kwargs):
+def new_group(ranks=None, timeout=None, backend=None, cpu_only=False, **_torch_kwargs):
     """Collective over the whole world, like torch's. `backend` is accepted for drop-in use and
-    ignored: every op on the group still chooses its backend per call."""
+    ignored: every op on the group still chooses its backend per call. `cpu_only`: the group
+    carries no CUDA tensors, so it gets no NCCL communicator (a CUDA op on it fails)."""
     rt = runtime()
-    return rt.new_group(range(rt.world_size) if ranks is None else ranks)
+    return rt.new_group(range(rt.world_size) if ranks is None else ranks, cpu_only=cpu_only)
 
 
 # --- argument checks ---------------------------------------------------------------------------

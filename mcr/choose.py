@@ -110,7 +110,7 @@ def select_backend(
     from_table: Callable[[], tuple | None],
 ) -> Selection:
     """The backend for `call`. `backends`: name -> an object with `supports(family, dtype,
-    reduce_op, device_type)`; `unavailable`: name -> why it is not there; `from_table()`:
+    reduce_op, device_type)` and `refusal(...)` (`mcr.backends.base.Backend`'s); `unavailable`: name -> why it is not there; `from_table()`:
     (Choice, rule) or None, asked only when no earlier rung decides (an online table measures)."""
     family = call.family
     chunk, inter, host = 0, "", False
@@ -226,6 +226,9 @@ def _fallback(call, backends, unavailable, name, why, host=False) -> tuple:
                 op_name = f" {reduce_op}" if reduce_op is not None else ""
                 copies = "host copies of " if host else ""
                 problem = f"cannot run {family}{op_name} on {copies}{device_type} {dtype_name(dtype)} tensors"
+                why_not = backends[name].refusal(family, dtype, reduce_op, device_type)
+                if why_not is not None:
+                    problem += f": it {why_not}"
             key = (name, family, dtype, reduce_op, device_type)
             return candidate, Note(key, f"{name} ({why}) {problem}; using {candidate} for {family}", False)
     if call.timed:

@@ -35,6 +35,7 @@ class Group:
         "info",
         "routes",
         "node_groups",
+        "cpu_only",
     )
 
     def __init__(self, gid: Hashable, ranks, my_global_rank: int, shape=None):
@@ -47,6 +48,7 @@ class Group:
         self.rank = self._to_group_rank.get(my_global_rank, -1)  # -1: this rank is not a member
         self.comms = {}  # backend name -> that backend's group object
         self.unavailable = {}  # backend name -> why it has none here (NCCL: two members share a GPU)
+        self.cpu_only = False  # made for CPU tensors only: no GPU library's communicator (new_group)
         # nodes spanned and ranks per node (`mcr.topology.Shape`): the tuning table's key beside
         # the size, and what node-aware candidates need; None where no topology was given
         self.shape = shape

@@ -171,7 +171,9 @@ class Runtime:
             return None
         return ProgressThread(self, self.watchdog.waits if self.watchdog is not None else None)
 
-    def new_group(self, ranks) -> Group:
+    def new_group(self, ranks, cpu_only=False) -> Group:
+        """`cpu_only`: the group never carries CUDA tensors, so no GPU library's communicator is
+        made for it (each costs GPU memory and a connection set-up); a CUDA op on it fails."""
         ranks = sorted(set(int(r) for r in ranks))
         if not ranks:
             raise ValueError("new_group: no ranks given; pass the global ranks of the group's members")
@@ -179,6 +181,7 @@ class Runtime:
         if bad:
             raise ValueError(f"new_group: ranks {bad or ranks} are not in the world of {self.world_size} ranks")
         group = Group(self._next_gid, ranks, self.rank, self.topology.shape(ranks))
+        group.cpu_only = cpu_only
         self._next_gid += 1
         self._open(group, lambda backend: backend.new_group(group.gid, ranks, group.rank))
         self._groups.append(group)
@@ -191,6 +194,9 @@ class Runtime:
         at start-up), so every member chooses without it (mixing rule 1)."""
         shared = self.topology.shared_gpu(group.ranks)
         for name, backend in self.backends.items():
+            if group.cpu_only and backend.gpu_native:
+                group.unavailable[name] = "the group is CPU-only (new_group(cpu_only=True))"
+                continue
             if shared is not None and backend.gpu_per_rank:
                 group.unavailable[name] = (
                     f"ranks {shared[0]} and {shared[1]} of the group share a GPU, and {name} needs one GPU per rank"
@@ -333,6 +339,11 @@ class Runtime:
         (`mcr.runner`, on CUDA tensors `mcr.streams.CudaRoute`) None where the
         route runs in chunks or phases (`mcr.chunked`, `mcr.node_aware`)."""
         method, nbytes, dtype, is_cuda, explicit, reduce_op, _ = key
+        if is_cuda and group.cpu_only:
+            raise ValueError(
+                f"mcr.{family}: group {list(group.ranks)} was made CPU-only (new_group(cpu_only=True)) and has no "
+                "GPU communicator; pass CPU tensors, or make the group without cpu_only"
+            )
         device_type = "cuda" if is_cuda else "cpu"
         route = self.router.route(family, nbytes, group, dtype, device_type, explicit, reduce_op)
         blocking = issue = None

@@ -1,12 +1,14 @@
-"""CUDA tensors: the stream and device rules every backend's ops keep, written once, here.
+"""CUDA tensors: the stream and device rules the ops of host libraries keep, written once, here.
 
 Users rely on torch's ProcessGroupNCCL (`syncStream` at issue, `WorkNCCL::synchronize` at wait,
-its tensors kept until then); mcr gives the same promise whatever library runs the op:
+its tensors kept until then); mcr gives the same promise whatever library runs the op. A GPU
+library (NCCL: `Backend.gpu_native`) runs as torch runs it (`mcr.stream_ordered`); this module
+runs the others:
 
 1. At issue, the op is ordered after all work queued on the caller's current stream. A library
-   that orders itself against the current stream (NCCL, and gloo on the ops it runs on CUDA
-   tensors: `Backend.stream_ordered`) is called on the caller's thread, where that stream is
-   current. A host-driven library (MPI, CUDA-aware or staged through host memory; gloo on what
+   that orders itself against the current stream (gloo on the ops it runs on CUDA tensors:
+   `Backend.stream_ordered`) is called on the caller's thread, where that stream is current.
+   A host-driven library (MPI, CUDA-aware or staged through host memory; gloo on what
    the runtime stages for it) gets the memory only once an event recorded on that stream at
    issue has completed (`StreamOrder.ready`), on the issuing thread or on the backend's worker.
 2. After `wait()`, work queued on the caller's current stream (the one current at the wait) is
@@ -23,9 +25,9 @@ its tensors kept until then); mcr gives the same promise whatever library runs t
 The routes that hand a buffer from one library to another (chunked, node-aware, a table that
 switches libraries between ops on one tensor) keep these rules because each of their steps is an
 op that keeps them: the next step's issue waits for what the last one queued. An op on CUDA
-tensors stays in flight until the GPU has run it (`StreamHandle.done`), so the watchdog, the
-flight recorder and the comm log see an NCCL op that never ends, though no host thread waits in
-it. Nothing here runs for CPU tensors: their routes never reach this module.
+tensors stays in flight until the GPU has run it (`StreamHandle.done`). None of these libraries
+can be captured into a CUDA graph: under capture an op here fails, naming the fix. Nothing here
+runs for CPU tensors: their routes never reach this module.
 """
 
 from __future__ import annotations
@@ -304,8 +306,17 @@ class CudaRoute:
         event, driver = order.ready, self.rt.driver
         return lambda: driver.during(event.synchronize, event.query)
 
+    def _refuse_capture(self):
+        if torch.cuda.is_current_stream_capturing():
+            raise RuntimeError(
+                f"mcr.{self.op.family} on backend {self.op.label}: the caller's stream is being captured into a "
+                f"CUDA graph, and {self.op.label} runs on the host, outside any graph; run this op outside the "
+                "capture, or on a GPU library a graph can hold (backend='nccl')"
+            )
+
     def run(self, group, args) -> None:
         """The blocking call: returns with the caller's current stream ordered after the op."""
+        self._refuse_capture()
         rt, op, comm = self.rt, self.op, self.comm
         entry = self._entry(group, args, False)
         if not self.p2p and rt.in_flight.entries:
@@ -339,6 +350,7 @@ class CudaRoute:
 
     def issue(self, group, args):
         """The async call: returns a `StreamHandle`, held in flight until the GPU has run it."""
+        self._refuse_capture()
         rt, op, comm = self.rt, self.op, self.comm
         entry = self._entry(group, args, True)
         comm_log = rt.comm_log if self.logged else None

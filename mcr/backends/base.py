@@ -76,6 +76,11 @@ class Backend:
     def supports(self, family: str, dtype, reduce_op, device_type: str) -> bool:
         return device_type in self.devices
 
+    def refusal(self, family: str, dtype, reduce_op, device_type: str) -> str | None:
+        """Why `supports` says no to a call its dtypes and ops would allow (the machine lacks what
+        the library needs), for the note that names the backend chosen instead; else None."""
+        return None
+
     def reads_device(self, method: str, dtype, reduce_op) -> bool:
         """Whether `method` reads and writes CUDA tensors itself; where not, the runtime runs it on
         pinned host copies (`mcr.streams.to_host`). Asked only where `supports` said cuda."""

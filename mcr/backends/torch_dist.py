@@ -226,6 +226,7 @@ NCCL_DTYPES = frozenset(
     | {torch.bool, torch.float8_e5m2, torch.float8_e4m3fn}
 )
 NCCL_REDUCE_OPS = frozenset({"sum", "avg", "product", "min", "max"})
+FP8 = frozenset({torch.float8_e5m2, torch.float8_e4m3fn})
 
 
 def _device():
@@ -256,6 +257,7 @@ class NcclBackend(TorchDistBackend):
             raise BackendUnavailable("this torch build has no NCCL")
         super().__init__(store, rank, world_size, timeout_s)
         self._made = []  # its groups, oldest first: shut down newest first, as torch does
+        self._capability = torch.cuda.get_device_capability()  # the bound GPU's (NCCL's fp8 needs sm90)
 
     @classmethod
     def expected_devices(cls, gpu):
@@ -325,7 +327,18 @@ class NcclBackend(TorchDistBackend):
             self._made.pop().shutdown()
 
     def supports(self, family, dtype, reduce_op, device_type):
-        return device_type == "cuda" and dtype in NCCL_DTYPES and (reduce_op is None or reduce_op in NCCL_REDUCE_OPS)
+        return (
+            device_type == "cuda"
+            and dtype in NCCL_DTYPES
+            and (reduce_op is None or reduce_op in NCCL_REDUCE_OPS)
+            and self.refusal(family, dtype, reduce_op, device_type) is None
+        )
+
+    def refusal(self, family, dtype, reduce_op, device_type):
+        if reduce_op is not None and dtype in FP8 and self._capability < (9, 0):
+            major, minor = self._capability
+            return f"reduces float8 only on GPUs of compute capability 9.0 or newer (this one: {major}.{minor})"
+        return None
 
     def reads_device(self, method, dtype, reduce_op):
         return True

@@ -188,6 +188,10 @@ class Runs:
     def supports(self, family, dtype, reduce_op, device_type):
         return device_type in self.devices
 
+    def refusal(self, family, dtype, reduce_op, device_type):
+
+        return None
+
 
 STARTED = {"nccl": Runs("cuda"), "mpi": Runs("cpu", "cuda"), "gloo": Runs("cpu")}
 

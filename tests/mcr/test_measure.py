@@ -122,6 +122,10 @@ def test_a_candidate_is_measured_only_where_the_runtime_runs_it_as_named():
         def supports(self, family, dtype, reduce_op, device_type):
             return device_type in self.devices
 
+        def refusal(self, family, dtype, reduce_op, device_type):
+
+            return None
+
     rt = Recorder({"nccl": Runs("cuda"), "mpi": Runs("cpu", "cuda"), "gloo": Runs("cpu")})
     runs = {
         name: runs_as_named(rt, name, "all_reduce", torch.float32, None, "cuda")

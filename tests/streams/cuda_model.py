@@ -30,8 +30,12 @@ checks on a real GPU each rule modelled here that one GPU can show.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import hashlib
 import itertools
 import os
+import subprocess
+import tempfile
 import threading
 import types
 
@@ -41,9 +45,10 @@ import torch.distributed as dist
 LOG: list = []
 _lock = threading.Lock()
 _ids = itertools.count(1)
-_local = threading.local()  # .stream (current), .device, .relaxed (capture mode), .capturing
+_local = threading.local()  # .stream (current), .device
 _events: list = []  # every event recorded and not yet run
 _capturing: set = set()  # streams being captured (global capture mode)
+_joined: set = set()  # streams that joined the capture by waiting on a captured one
 
 
 def log(*what) -> None:
@@ -72,8 +77,10 @@ class Stream:
 
     def wait_event(self, event) -> None:
         log("wait", self.name, event.name)
-        if event.stream is not None and _capture_of(event.stream) != _capture_of(self) and self in _capturing:
-            log("capture_error", self.name, f"waits on {event.name} recorded outside the capture")
+        if event.stream in _capturing and self not in _capturing:  # a stream that waits on a capturing one joins
+            _capturing.add(self)
+            _joined.add(self)
+            log("capture_join", self.name)
 
     def wait_stream(self, other) -> None:
         event = Event()
@@ -190,14 +197,13 @@ def synchronize(device=None) -> None:
 
 
 # --- capture --------------------------------------------------------------------------------------
-def _capture_of(s):
-    return s if s in _capturing else None
+RELAXED = 2  # cudaStreamCaptureModeRelaxed
 
 
 def _check_capture(what, name) -> None:
     """Under global capture mode a query or synchronize from any thread not in relaxed mode
     invalidates the capture (cudaErrorStreamCaptureUnsupported/Invalidated)."""
-    if _capturing and not getattr(_local, "relaxed", False):
+    if _capturing and _cudart.model_thread_capture_mode() != RELAXED:
         log("capture_broken", f"{what} {name} during a capture")
 
 
@@ -214,14 +220,28 @@ def capture(s):
         try:
             yield
         finally:
-            _capturing.discard(s)
+            _capturing.difference_update({s, *_joined})
+            _joined.clear()
             log("capture_end", s.name)
 
 
-def relax_capture_mode(relaxed=True) -> None:
-    """cudaThreadExchangeStreamCaptureMode(relaxed) for the calling thread."""
-    _local.relaxed = relaxed
-    log("capture_mode", "relaxed" if relaxed else "global")
+_cudart = None  # the CUDA runtime's stand-in (cudart_model.c), loaded by install()
+
+
+def _load_cudart():
+    """Build cudart_model.c once per content into /tmp and load it where a CUDA runtime would be
+    found (its name holds "libcudart")."""
+    source = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cudart_model.c")
+    with open(source, "rb") as f:
+        digest = hashlib.sha1(f.read()).hexdigest()[:12]
+    folder = os.path.join(tempfile.gettempdir(), f"mcr-cudart-model-{digest}")
+    path = os.path.join(folder, "libcudart-model.so")
+    if not os.path.exists(path):
+        os.makedirs(folder, exist_ok=True)
+        partial = f"{path}.{os.getpid()}"
+        subprocess.run(["cc", "-shared", "-fPIC", "-O1", "-o", partial, source], check=True)
+        os.replace(partial, path)
+    return ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
 
 
 # --- device ---------------------------------------------------------------------------------------
@@ -510,6 +530,8 @@ _REDUCE_NAMES.update(min=dist.ReduceOp.MIN, max=dist.ReduceOp.MAX)
 # --- install --------------------------------------------------------------------------------------
 def install() -> None:
     """Replace the CUDA calls above in this process (before `import mcr`)."""
+    global _cudart
+    _cudart = _load_cudart()
     cuda = torch.cuda
     for name, value in {
         "is_available": lambda: True,

@@ -10,6 +10,7 @@ import pytest
 from tests.ranks import run_script
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "nccl_contract.py")
+HANG = os.path.join(os.path.dirname(__file__), "scripts", "nccl_hang.py")
 
 
 @pytest.fixture(scope="module")
@@ -86,3 +87,46 @@ def test_a_blocking_nccl_all_reduce_makes_few_python_calls_in_mcr(contract):
     # the stand-in's CudaLike tensor takes the long way. Before the NCCL route: 40 calls.
     for rank in contract("call_count"):
         assert len(rank["calls"]) <= 12, rank["calls"]
+
+
+def test_under_capture_nccl_ops_are_launched_only_and_no_runtime_thread_breaks_the_capture(contract):
+    for rank in contract("capture"):
+        assert rank["held_in_capture"] == 0  # never held, queried or timed
+        assert rank["events_outside_the_graph"] == []
+        assert rank["watchdog_looked_during_capture"]  # it read the op pending from before, relaxed
+        assert rank["broken"] == []
+
+
+def test_a_host_driven_library_under_capture_fails_naming_the_op_and_the_fix(contract):
+    for rank in contract("capture"):
+        assert "all_reduce on backend gloo" in rank["refused"] and "backend='nccl'" in rank["refused"]
+
+
+def test_the_watchdog_ends_a_job_whose_nccl_op_never_runs_with_no_progress_thread():
+    result = run_script(
+        2, HANG, launcher="torchrun", env={"MCR_BACKENDS": "gloo,nccl", "MCR_WATCHDOG_TIMEOUT": "2"}, timeout=120
+    )
+    assert "NOT ENDED" not in result.output and result.returncode != 0
+    for rank in (0, 1):
+        assert f"mcr watchdog: rank {rank} has waited" in result.output
+    assert "in all_reduce on backend nccl (16 bytes, group of 2 ranks)" in result.output
+
+
+def test_groups_split_their_nccl_communicator_from_the_worlds_and_cpu_only_groups_get_none(contract):
+    rank0, rank1 = contract("groups")
+    for rank in (rank0, rank1):
+        assert [e[0] for e in rank["made"]] == ["nccl_comm"] and rank["made"][0][2:] == [2, "nccl1"]  # split
+        assert rank["on_split"]
+        assert rank["cpu_made"] == [] and rank["cpu_result"] == [3.0, 3.0, 3.0]
+        assert "made CPU-only" in rank["refused"] and "pass CPU tensors" in rank["refused"]
+    assert [e[0] for e in rank0["alone"]] == ["nccl_comm"] and rank0["alone"][0][2:] == [1, "nccl1"]
+    assert rank1["alone"] == [["nccl_nocolor_split", "nccl1"]]  # no member, but in the split
+
+
+def test_fp8_reductions_are_refused_below_sm90_with_the_reason_and_fp8_moves_stay_on_nccl():
+    env = {"MCR_BACKENDS": "gloo,nccl", "CUDA_MODEL_CAPABILITY": "8.0"}
+    result = run_script(1, os.path.join(os.path.dirname(__file__), "scripts", "fp8.py"), launcher="torchrun", env=env)
+    found = result.check().tagged("FP8")["0"]
+    assert found["picked"] == {"all_reduce": "gloo", "broadcast": "nccl", "all_gather": "nccl"}
+    assert found["asked_nccl"] == "gloo"
+    assert "compute capability 9.0 or newer (this one: 8.0)" in found["rule"]

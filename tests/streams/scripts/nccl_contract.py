@@ -5,6 +5,7 @@ Usage: nccl_contract.py (under torchrun, 2 ranks)."""
 
 import sys
 import threading
+import time
 from collections import namedtuple
 
 from tests.streams import cuda_model as cm
@@ -172,6 +173,75 @@ def _(since):
     mcr.all_reduce(t)
     sys.setprofile(None)
     return {"calls": calls}
+
+
+def wait_for(condition, timeout):
+    """True once `condition()` holds (checked every millisecond), False after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1e-3)
+    return True
+
+
+def in_graph(since, graph):
+    return {graph.name} | {e[1] for e in recorded(since, "capture_join")}
+
+
+@scenario("capture")
+def _(since):
+    mcr.all_reduce(data(rank), async_op=True)  # the GPU has not run it: the watchdog reads it every tick
+    held = len(rt.stream_ops)
+    graph = torch.cuda.Stream()
+    with cm.capture(graph):
+        began = cm.mark()
+        t = data(rank)
+        mcr.all_reduce(t)
+        mcr.all_reduce(t, async_op=True)
+        held_in_capture = len(rt.stream_ops) - held
+        try:
+            mcr.all_reduce(data(rank), backend="gloo")  # host-driven: no graph can hold it
+            refused = None
+        except RuntimeError as exc:
+            refused = str(exc)
+        ticked = wait_for(lambda: any(e[:2] == ("query", "mcr-watchdog") for e in cm.entries(since=began)), 30)
+    return {
+        "held_in_capture": held_in_capture,
+        "events_outside_the_graph": [e for e in recorded(began, "record") if e[-1] not in in_graph(began, graph)],
+        "watchdog_looked_during_capture": ticked,
+        "broken": [e for e in cm.entries(since=since) if e[0] == "capture_broken"],
+        "refused": refused,
+    }
+
+
+@scenario("groups")
+def _(since):
+    whole = mcr.new_group([0, 1])
+    made = recorded(since, "nccl_comm", "nccl_nocolor_split")
+    mark = cm.mark()
+    mcr.new_group([0])  # rank 1 is no member, yet takes part in the split with no colour
+    alone = recorded(mark, "nccl_comm", "nccl_nocolor_split")
+    mark = cm.mark()
+    cpu = mcr.new_group([0, 1], cpu_only=True)
+    cpu_made = recorded(mark, "nccl_comm", "nccl_nocolor_split")
+    t = torch.full((3,), float(rank + 1))
+    mcr.all_reduce(t, group=cpu)
+    try:
+        mcr.all_reduce(data(rank), group=cpu)
+        refused = None
+    except ValueError as exc:
+        refused = str(exc)
+    x = data(rank)
+    mcr.all_reduce(x, group=whole)
+    return {
+        "made": made,
+        "alone": alone,
+        "cpu_made": cpu_made,
+        "cpu_result": t.tolist(),
+        "refused": refused,
+        "on_split": plain(x) == summed(),
+    }
 
 
 cm.gpu_runs()
