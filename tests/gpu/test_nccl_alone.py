@@ -9,7 +9,8 @@ copies POISON when its stream waited on the wrong, idle stream), busy-default-st
 waits on the sleeping default stream while the consumer is not ordered after it) and
 wait-elsewhere (the consumer's stream never waits on NCCL's). On one rank an in-place op leaves
 its tensor unchanged, so only the out-of-place ops (gathers, scatters, reduce-scatters,
-all-to-alls) can show a race; the in-place ones still check their values and that they run.
+all-to-alls) can show a race; the in-place ones are checked against NCCL's own log of each call
+instead (tests/gpu/scripts/nccl_log.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,23 @@ def test_every_op_on_nccl_alone_keeps_the_stream_rules_and_is_the_runtime_choice
     elsewhere = [row for row in rows if row[0] in CUDA_FAMILIES and row[1] != "nccl"]
     assert not elsewhere, f"CUDA ops the runtime did not run on NCCL: {elsewhere}"
     assert "rank 0: gpu finalize OK" in run.output and run.returncode == 0, run.output[-3000:]
+
+
+def test_in_place_ops_make_torchs_nccl_call_on_the_callers_thread_and_stream(run):
+    """All-reduce SUM, AVG and MAX, reduce AVG and broadcast at one rank are identities: their
+    values pass whether NCCL ran them, ran something else, or ran nothing. So each, in float32 and
+    bfloat16, blocking and async, by name and by the runtime's choice, is held to NCCL's own log
+    line of the call beside the line torch's own ProcessGroupNCCL makes for it on a copy of the
+    same input: one NCCL call; the same function, count, datatype, reduce op and root; in place on
+    the caller's tensor; from the calling thread; on the caller's current stream when blocking
+    (torch with asyncOp false) and on another when async. 6 checks each, 20 ops a label.
+    Breaks caught: AVG run as SUM then a divide (op 0, torch's is 4); a blocking op on the async
+    path (NCCL's own stream, not the caller's: issue 49, item 2); an op issued from the progress
+    or callbacks thread; a copy reduced instead of the caller's tensor; an op that skipped NCCL or
+    ran on another backend (no line); a second NCCL call per op. The first check holds torch to
+    the same stream rule, so a torch that changed it shows as such, not as mcr's failure."""
+    for label in ("calls nccl", "calls auto"):
+        assert_checks(run, label, {0: 2 * 5 * 2 * 6})
 
 
 def test_an_nccl_op_the_gpu_has_not_run_stays_in_flight_and_unfinished_in_the_flight_record(run):
