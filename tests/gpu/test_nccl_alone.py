@@ -79,11 +79,23 @@ def test_finalize_shuts_nccl_down_as_torch_destroy_process_group_does(run):
         assert sign not in run.output, run.output[-3000:]
 
 
-def test_abort_returns_before_the_gpu_ran_the_nccl_op_in_flight():
+def test_abort_aborts_every_nccl_communicator_without_waiting_for_the_op_in_flight():
     """mcr.abort() (torch's _abort_process_group on backend mcr) with an NCCL all-reduce queued
-    behind 2 s of GPU work: ProcessGroupNCCL.abort, not a wait for the op, and the process exits."""
+    behind 2 s of GPU work: ProcessGroupNCCL.abort, not a wait for the op, and the process exits.
+    Its speed alone cannot show the abort (the op has no GPU work at one rank, and dropping the
+    group is as fast), so NCCL's own log says what became of each communicator by the time
+    abort() returned: every one made was aborted (ncclCommAbort), none destroyed or left.
+    Breaks caught: a Backend.abort that skips ProcessGroupNCCL.abort (left), that shuts the group
+    down instead (ncclCommDestroy: destroyed), or a Runtime.abort that misses a group (left); an
+    abort that waits for the op (the 2 s)."""
     result = launch(1, "tests.gpu.scripts.nccl_abort", timeout=120)
     assert result.returncode == 0, result.output[-3000:]
     took = re.search(r"rank 0: abort took ([0-9.]+) s with 1 ops in flight", result.output)
     assert took and float(took.group(1)) < 1.5, result.output[-3000:]
+    ends = re.search(
+        r"rank 0: nccl communicators: (\d+) made, (\d+) of them aborted, (\d+) destroyed, (\d+) left", result.output
+    )
+    assert ends, result.output[-3000:]
+    made, aborted, destroyed, left = map(int, ends.groups())
+    assert made >= 1 and (aborted, destroyed, left) == (made, 0, 0), result.output[-3000:]
     assert "rank 0: exits after abort; mcr initialized: False" in result.output, result.output[-3000:]
