@@ -4,9 +4,9 @@
    runs from the checkout).
 2. Starts the runtime once under mpiexec: which backends start, their versions, CUDA-aware MPI.
 3. Runs tests/gpu, a short tune and bench on CUDA at 2 ranks sharing the GPU, the same tune at
-   one rank (where NCCL runs), and the MoE tiny preset on the GPU on backend auto and on each
-   single backend. Each step's output goes to runs/gpu-check/<time>/<step>.log; a step that
-   fails does not stop the others.
+   one rank (where NCCL runs), mcr's NCCL all-reduce timed against torch's, and the MoE tiny
+   preset on the GPU on backend auto and on each single backend. Each step's output goes to
+   runs/gpu-check/<time>/<step>.log; a step that fails does not stop the others.
 4. Ends with a one-screen summary (also summary.txt there) and exits 0 only if every step passed.
 
 Without a GPU it says so, lists what it would run and exits 2, installing nothing.
@@ -35,7 +35,7 @@ NOTHING = r"(?!)"  # a step whose output has no line worth quoting in the summar
 class Step:
     name: str
     argv: list
-    timeout: int  # seconds; all together 565 s, so the check ends within a 10-minute call
+    timeout: int  # seconds; all together 600 s, so the check ends within a 10-minute call
     quote: str = r"(.+)"  # the summary quotes the last output line this matches (group 1)
     status: str = "not run"
     seconds: float = 0.0
@@ -69,6 +69,13 @@ def plan(run_dir: str, device: str) -> list:
         Step("bench", ranks + ["mcr.tools.bench", *sweep, *tuned], 45, NOTHING),
         # one rank has the GPU to itself, so NCCL is a candidate beside staged MPI and gloo
         Step("tune 1 rank", [*one_rank, "-m", "mcr.tools.tune", *sweep, "--out", table_one], 45, r"(table: .*)"),
+        # what mcr adds to an NCCL all-reduce over torch's own; the summary quotes each goal's verdict
+        Step(
+            "nccl cost",
+            [*one_rank, "-m", "tests.gpu.scripts.nccl_cost", "--device", device, "--json", f"{run_dir}/nccl-cost.json"],
+            35,
+            r"nccl cost \(.*?\): (.+)",
+        ),
         Step("moe tiny", moe("auto"), 60, r"(done: .*)"),
         *(Step(f"moe {backend}", moe(backend), 50, r"(done: .*)") for backend in ("nccl", "mpi", "gloo")),
     ]

@@ -52,8 +52,9 @@ def every_op(rank: int, nprocs: int = 2) -> int:
 
 def node_aware_ops(nprocs: int = 2) -> int:
     """3 all-reduces, all-gather (one per rank), the tensor all-gather, 2 reduce-scatters, the
-    list all-to-all (one per rank), 2 all_to_all_single; 2 dtypes, every race."""
-    return 2 * RACES_PER_OP * (3 + nprocs + 1 + 2 + nprocs + 2)
+    list all-to-all (one per rank), 2 all_to_all_single; 2 dtypes, every race. Each op but the
+    all-reduces adds 2 checks of NCCL's log (ops.py's `nccl_witnessed`)."""
+    return 2 * RACES_PER_OP * (3 + nprocs + 1 + 2 + nprocs + 2 + 7 * 2)
 
 
 @pytest.fixture(scope="module")
@@ -120,7 +121,18 @@ def test_node_aware_mpi_plus_nccl_hands_buffers_between_libraries_in_stream_orde
     between two MPI phases. Not node:nccl+mpi: on one node its intra-node NCCL phase would put
     the two ranks sharing the GPU in one communicator; giving each rank a hostname of its own
     (unshare --uts) would change NCCL's own host hash too, so NCCL would stop seeing the shared
-    GPU and the test would check that trick rather than the runtime."""
+    GPU and the test would check that trick rather than the runtime.
+
+    On one node the peer groups have one rank: NCCL's phase is a copy at most, the all-reduce
+    has no inter-node phase, and a hand-off race is a coin toss (NCCL's 1-rank copy and MPI's
+    read start together). So values passed whether the phase ran on NCCL, fell back to MPI
+    unannounced, or ran on a stream MPI's next phase was not ordered after. NCCL's own log now
+    holds each race of the other 7 ops to: NCCL calls on 1-rank communicators from the calling
+    thread, on the caller's current stream (each phase is a blocking op; torch runs those there,
+    so MPI's next phase, recorded on that stream, follows it). Breaks caught: an inter phase run
+    off NCCL or skipped (no call); NCCL called from another thread; a blocking phase on NCCL's
+    own stream (today's async path for blocking ops, issue 49 item 2). What one node cannot show:
+    NCCL across ranks, and the all-reduce's NCCL phase."""
     assert_checks(run, NODE, {0: node_aware_ops(), 1: node_aware_ops()})
     for rank in (0, 1):
         assert families(comm_log(run.output, rank), NODE, 2) == NODE_FAMILIES, comm_log(run.output, rank)

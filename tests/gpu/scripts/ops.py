@@ -6,17 +6,26 @@ groups; dropped async handles; NCCL refused on the world; then finalize().
     python -m launch.local -n 2 -m tests.gpu.scripts.ops                      # on a GPU
     python -m launch.local -n 2 -m tests.gpu.scripts.ops --device cpu --node node:mpi+gloo
 
+On one node the node-aware candidate's inter-node phase runs on 1-rank peer groups, where NCCL's
+op is a copy at most and the all-reduce has no such phase at all, so values alone cannot show
+whether NCCL ran it. Where that phase is NCCL's, NCCL's own log (`nccl_log`) adds two checks to
+each race of the other ops: the phase made NCCL calls on 1-rank communicators from the calling
+thread, and on the caller's current stream (each phase is a blocking op, which torch runs there).
+
 Prints, per rank: `rank R: gpu mpi cuda_aware=BOOL: WHY`, for each label `rank R: gpu LABEL OK N
 checks` (or `FAILED F of N checks`, after a line per failure), `COMMLOG R <json>` (each [op, backend,
-group size] the comm log holds), and `rank R: gpu finalize OK` once finalize() returned.
+group size] the comm log holds), NCCL's warnings (`rank R: nccl: ...`) and `rank R: gpu finalize
+OK` once finalize() returned.
 """
 
 import json
+import threading
 
 import torch
 
 import mcr
 
+from . import nccl_log
 from .catalogue import NODE_AWARE, cases, large_avg
 from .races import (
     LARGE_SLEEP_MS,
@@ -36,6 +45,7 @@ from .races import (
 DTYPES = (torch.float32, torch.bfloat16)
 
 args = arguments(__doc__)
+log = nccl_log.turn_on() if args.device == "cuda" else None  # before the runtime makes NCCL's communicators
 rt = mcr.init(comm_log=True, watchdog_timeout_s=120)
 rank, n = mcr.get_rank(), mcr.get_world_size()
 ranks = list(range(n))
@@ -46,11 +56,13 @@ print(f"rank {rank}: gpu mpi cuda_aware={aware}: {why}", flush=True)
 print(f"rank {rank}: gpu sleeps at {gpu.cycles_per_ms:.0f} cycles/ms on {gpu.device}", flush=True)
 
 
-def every_op(label, backend, names=None, large=True):
+def every_op(label, backend, names=None, large=True, witness=None):
     """Every op (or `names`) in both dtypes, blocking and async, under every race; barriers;
-    the large AVG all-reduce."""
+    the large AVG all-reduce. `witness`: wraps the Case maker of every op but the all-reduces."""
     for dtype in DTYPES:
         for name, make in cases(rank, ranks, None, backend, dtype).items():
+            if witness is not None and not name.startswith("all_reduce"):
+                make = witness(make)
             if names is None or name in names:
                 run_races(checks, label, gpu, make, dtype_name(dtype))
     if names is None:
@@ -61,6 +73,32 @@ def every_op(label, backend, names=None, large=True):
                 handle.wait()
     if large:
         run_races(checks, label, gpu, large_avg(rank, ranks, None, backend, LARGE_SLEEP_MS), "float32")
+
+
+def nccl_witnessed(make):
+    """`make` whose Case's op is read from NCCL's log as it runs: two checks more per race, on the
+    NCCL calls of a node-aware op whose inter-node phase runs on NCCL over 1-rank peer groups."""
+
+    def made(k):
+        case = make(k)
+        run = case.run
+
+        def run_and_read(bufs, async_op):
+            current, thread = torch.cuda.current_stream().cuda_stream, threading.get_native_id()
+            log.read()  # what came before
+            pending = run(bufs, async_op)  # node-aware: every phase has run when it returns
+            calls = nccl_log.calls(log.read())
+            said = f"NCCL calls {calls}; current stream {current:#x}, thread {thread}"
+            on_nccl = bool(calls) and all(c.nranks == 1 and c.tid == thread for c in calls)
+            case.extra.append(("inter-node phase on NCCL's 1-rank groups, from the calling thread", on_nccl, said))
+            on_stream = bool(calls) and all(c.stream == current for c in calls)
+            case.extra.append(("on the caller's current stream, as torch runs a blocking op", on_stream, said))
+            return pending
+
+        case.run = run_and_read
+        return case
+
+    return made
 
 
 def dropped(label, backend, variant, k):
@@ -106,7 +144,8 @@ every_op("auto", None)
 
 # 2. node-aware: one node of 2 ranks, so the inter-node phase runs on 1-rank peer groups (NCCL
 # can have those: each holds one GPU) and the intra-node phases on MPI, on the same buffers
-every_op(args.node, args.node, names=NODE_AWARE, large=False)
+witness = nccl_witnessed if log is not None and args.node.endswith("+nccl") else None
+every_op(args.node, args.node, names=NODE_AWARE, large=False, witness=witness)
 
 # 3. dropped handles, on each backend the runtime runs here
 for backend in ["mpi/host", "gloo"] + (["mpi"] if aware else []):
@@ -128,4 +167,7 @@ checks.report()
 rows = sorted({(r["op"], r["backend"], r["group_size"]) for r in rt.comm_log.rows()})
 print(f"COMMLOG {rank} {json.dumps(rows)}", flush=True)
 mcr.finalize()
+if log is not None:
+    log.read()
+    print("".join(f"rank {rank}: nccl: {line}\n" for line in log.warnings), end="", flush=True)
 print(f"rank {rank}: gpu finalize OK", flush=True)

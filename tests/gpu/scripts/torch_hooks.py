@@ -3,12 +3,17 @@ all_gather_coalesced calls it) and batch_isend_irecv on CUDA tensors, `work.get_
 CUDA, DDP and FSDP2 training on CUDA against a single-process reference; each on MPI and on
 gloo (the runtime told to run every op there), under stream races.
 
+One rank alone (-n 1) has the GPU to itself, so torch registers the runtime's NCCL group as the
+group's CUDA backend (two ranks sharing it have none: gloo's is registered): there the coalescing
+manager and the futures run on NCCL, MPI and gloo; no send (no peer) and no training.
+
     python -m launch.local -n 2 -m tests.gpu.scripts.torch_hooks                  # on a GPU
+    python -m launch.local -n 1 -m tests.gpu.scripts.torch_hooks                  # NCCL registered
     python -m launch.local -n 2 -m tests.gpu.scripts.torch_hooks --device cpu     # logic only
 
 Prints, per rank and label, `rank R: gpu LABEL OK N checks` (or `FAILED F of N checks` after a
-line per failure), `COMMLOG R LABEL <json>` ([op, backend] of the calls each training made) and
-`rank R: gpu mpi cuda_aware=BOOL: WHY`.
+line per failure), `COMMLOG R LABEL <json>` ([op, backend] of the calls each training made),
+`rank R: gpu mpi cuda_aware=BOOL: WHY` and `rank R: gpu cuda backend NAME` (the group's).
 """
 
 import json
@@ -36,7 +41,6 @@ from .races import (
     seed,
 )
 
-BACKENDS = ("mpi", "gloo")  # two ranks on one GPU: NCCL has no communicator on the world
 STEPS = 6
 AVG = dist.ReduceOp.AVG
 
@@ -48,7 +52,11 @@ rt = mcr.runtime()
 rank, n = dist.get_rank(), dist.get_world_size()
 gpu = Gpu(args.device, args.sleep_ms)
 checks = Checks(rank)
+ALONE = n == 1  # the GPU to itself: NCCL has a communicator on the world (two ranks on one GPU: none)
+BACKENDS = ("nccl", "mpi", "gloo") if ALONE and gpu.cuda else ("mpi", "gloo")
 print("rank {}: gpu mpi cuda_aware={}: {}".format(rank, *mpi_cuda_aware(rt)), flush=True)
+registered = dist.group.WORLD._get_backend(gpu.device)  # what torch's C++ paths reach on this device
+print(f"rank {rank}: gpu cuda backend {type(registered).__name__}", flush=True)
 # the reference and the trainings compare float32 results to 1e-5: no TF32 in either
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
@@ -153,7 +161,8 @@ for backend in BACKENDS:
     run_races(
         checks, f"coalescing {backend}", gpu, lambda k: coalesced(k, "all_gather_into_tensor", False), "", (False,)
     )
-    run_races(checks, f"coalescing {backend}", gpu, batched_p2p, "", (True,))
+    if not ALONE:  # a send needs a peer
+        run_races(checks, f"coalescing {backend}", gpu, batched_p2p, "", (True,))
     run_races(checks, f"futures {backend}", gpu, lambda k: future(k, False), "", (True,))
     run_races(checks, f"futures {backend}", gpu, lambda k: future(k, True), "", (True,))
     rt.router.force_backend(None)
@@ -248,36 +257,41 @@ def comm_rows():
     return counts
 
 
-want_losses, want_params = reference()
-for backend in BACKENDS:
-    rt.router.force_backend(backend)
-    before = comm_rows()
-    ddp = nn.parallel.DistributedDataParallel(model(gpu.sleep_ms), bucket_cap_mb=0.01)  # ~10 KB: two buckets a step
-    losses = train(ddp)
-    params = {name: p.detach().cpu() for name, p in ddp.module.named_parameters()}
-    compare(f"ddp {backend}", losses, params, want_losses[rank], want_params)
-    used = sorted({key for key, count in comm_rows().items() if count > before.get(key, 0)})
-    print(f"COMMLOG {rank} ddp-{backend} {json.dumps(used)}", flush=True)
-    rt.router.force_backend(None)
+def trainings():
+    """DDP, then FSDP2, on each backend: losses and parameters against `reference()`."""
+    want_losses, want_params = reference()
+    for backend in BACKENDS:
+        rt.router.force_backend(backend)
+        before = comm_rows()
+        ddp = nn.parallel.DistributedDataParallel(model(gpu.sleep_ms), bucket_cap_mb=0.01)  # ~10 KB: two buckets a step
+        losses = train(ddp)
+        params = {name: p.detach().cpu() for name, p in ddp.module.named_parameters()}
+        compare(f"ddp {backend}", losses, params, want_losses[rank], want_params)
+        used = sorted({key for key, count in comm_rows().items() if count > before.get(key, 0)})
+        print(f"COMMLOG {rank} ddp-{backend} {json.dumps(used)}", flush=True)
+        rt.router.force_backend(None)
 
-mesh = init_device_mesh(gpu.device.type, (n,))
-for backend in BACKENDS:
-    rt.router.force_backend(backend)
-    before = comm_rows()
-    net = model(gpu.sleep_ms)
-    for layer in net:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(net, mesh=mesh)
-    losses = train(net)
-    # each rank holds rows rank*d/n.. of every parameter (dims divide by 2): compare those
-    params = {name: p.to_local().detach().cpu() for name, p in net.named_parameters()}
-    mine = {name: p.chunk(n, 0)[rank] for name, p in want_params.items()}
-    compare(f"fsdp2 {backend}", losses, params, want_losses[rank], mine)
-    used = sorted({key for key, count in comm_rows().items() if count > before.get(key, 0)})
-    print(f"COMMLOG {rank} fsdp2-{backend} {json.dumps(used)}", flush=True)
-    rt.router.force_backend(None)
+    mesh = init_device_mesh(gpu.device.type, (n,))
+    for backend in BACKENDS:
+        rt.router.force_backend(backend)
+        before = comm_rows()
+        net = model(gpu.sleep_ms)
+        for layer in net:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(net, mesh=mesh)
+        losses = train(net)
+        # each rank holds rows rank*d/n.. of every parameter (dims divide by 2): compare those
+        params = {name: p.to_local().detach().cpu() for name, p in net.named_parameters()}
+        mine = {name: p.chunk(n, 0)[rank] for name, p in want_params.items()}
+        compare(f"fsdp2 {backend}", losses, params, want_losses[rank], mine)
+        used = sorted({key for key, count in comm_rows().items() if count > before.get(key, 0)})
+        print(f"COMMLOG {rank} fsdp2-{backend} {json.dumps(used)}", flush=True)
+        rt.router.force_backend(None)
 
+
+if not ALONE:  # at one rank the all-reduces are identities: a training there shows nothing
+    trainings()
 checks.report()
 dist.destroy_process_group()  # finalizes the runtime it started
 print(f"rank {rank}: gpu finalize OK", flush=True)
