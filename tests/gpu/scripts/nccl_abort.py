@@ -34,7 +34,7 @@ if gpu.cuda:
 else:
     tensor = torch.ones(4)
 handle = mcr.all_reduce(tensor, backend=backend, async_op=True)
-pending = sum(1 for h in rt.in_flight.handles() if not h.is_completed())
+pending = len(rt.stream_ops) + sum(1 for h in rt.in_flight.handles() if not h.is_completed())
 start = time.monotonic()
 mcr.abort()
 print(f"rank 0: abort took {time.monotonic() - start:.3f} s with {pending} ops in flight", flush=True)
