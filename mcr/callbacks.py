@@ -17,11 +17,14 @@ So an mcr future keeps NCCL's order on the CPU:
   callback thread as soon as the op completes, so DDP still overlaps its all-reduce with
   backward; those never issue collectives.
 
-On CUDA tensors a future is CUDA-aware, as ProcessGroupNCCL's is: the thread that sets it has
-waited for the op on its current stream, setting it records an event there, and whoever takes the
-value (DDP's reducer, a callback, `wait()`) is ordered after that event. The callback thread does
-this on a side stream of its own, so the stream the trainer computes on never waits for an op it
-did not wait for.
+An NCCL op's future never comes here: the hook hands torch the op's own Work, whose future is
+torch's (`mcr.stream_ordered`). On CUDA tensors a future of a host library's op is CUDA-aware as
+that one is: the thread that sets it has waited for the op on its current stream, setting it
+records an event there, and whoever takes the value (DDP's reducer, a callback, `wait()`) is
+ordered after that event. The callback thread does this on a side stream of its own; the op's own
+finishers run on its issuing stream (`mcr.streams`, rule 3). A GPU library's Work among a
+coalesced block's is waited on through its future, which orders this thread's stream without
+releasing the tensors the Work keeps for their own stream.
 """
 
 from __future__ import annotations
