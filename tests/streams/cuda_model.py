@@ -154,7 +154,9 @@ class Event:
         stream = stream or current_stream()
         self.stream, self.done = stream, False
         log("record", self.name, stream.name)
-        if stream not in _capturing:
+        if _keeps_up:
+            self.done = True
+        elif stream not in _capturing:
             with _lock:
                 _events.append(self)
 
@@ -184,9 +186,15 @@ def _run(which) -> None:
         _events[:] = [e for e in _events if not e.done]
 
 
-def gpu_runs() -> None:
-    """The GPU catches up with everything queued so far."""
+_keeps_up = False  # set by gpu_runs(keep_up=True): every event completes as it is recorded
+
+
+def gpu_runs(keep_up=False) -> None:
+    """The GPU catches up with everything queued so far; `keep_up`: and with all that follows
+    (a script's end: finalize waits for everything)."""
+    global _keeps_up
     log("gpu_runs")
+    _keeps_up = keep_up
     _run(lambda e: True)
 
 

@@ -185,6 +185,11 @@ def wait_for(condition, timeout):
     return True
 
 
+def kept():
+    """The ops the runtime holds: GPU ops it reads later, and any other handle in flight."""
+    return len(getattr(rt, "stream_ops", ())) + len(rt.in_flight.handles())
+
+
 def in_graph(since, graph):
     return {graph.name} | {e[1] for e in recorded(since, "capture_join")}
 
@@ -192,14 +197,14 @@ def in_graph(since, graph):
 @scenario("capture")
 def _(since):
     mcr.all_reduce(data(rank), async_op=True)  # the GPU has not run it: the watchdog reads it every tick
-    held = len(rt.stream_ops)
+    held = kept()
     graph = torch.cuda.Stream()
     with cm.capture(graph):
         began = cm.mark()
         t = data(rank)
         mcr.all_reduce(t)
         mcr.all_reduce(t, async_op=True)
-        held_in_capture = len(rt.stream_ops) - held
+        held_in_capture = kept() - held
         try:
             mcr.all_reduce(data(rank), backend="gloo")  # host-driven: no graph can hold it
             refused = None
@@ -244,5 +249,5 @@ def _(since):
     }
 
 
-cm.gpu_runs()
+cm.gpu_runs(keep_up=True)
 mcr.finalize()
