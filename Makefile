@@ -22,6 +22,17 @@ endif
 ifeq ($(filter 0 1,$(GPU)),)
 $(error GPU=$(GPU): give GPU=1 (the CUDA set) or GPU=0 (the CPU set))
 endif
+# The CUDA set's CUDA major. 13: PyPI's torch and fbgemm-gpu (a 580-series driver; Ampere or
+# newer). 12 (a 525-series driver or newer): torch and fbgemm-gpu as one pair from TORCH_INDEX,
+# an index that holds both for that CUDA, as FBGEMM's install guide installs them (PyTorch's
+# https://download.pytorch.org/whl/cu12x, or a site's mirror of one); TORCH_INDEX with CUDA=13
+# takes the pair from there too. A venv keeps the major it was made with.
+VENV_CUDA := $(if $(wildcard $(GPU_STAMP)),$(or $(shell cat $(GPU_STAMP)),13))
+CUDA ?= $(or $(VENV_CUDA),13)
+TORCH_INDEX ?=
+ifeq ($(GPU)$(filter 12 13,$(CUDA)),1)
+$(error CUDA=$(CUDA): give CUDA=13 (PyPI's torch and fbgemm-gpu) or CUDA=12 with TORCH_INDEX=<an index of both for CUDA 12>)
+endif
 
 .PHONY: setup run test lint bench tune compare clean slurm-deps conformance gpu-wheels gpu-check test-mpi
 
@@ -36,10 +47,19 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH DS_ACCELERATOR=cpu $(PY) -c "$(BUILD_DS_OPS)"
 	touch $(STAMP)
 
+NO_INDEX := CUDA=12 needs TORCH_INDEX=<an index holding torch and fbgemm-gpu for CUDA 12>, e.g. https://download.pytorch.org/whl/cu126: PyPI's are built for CUDA 13
+GPU_PAIR = $(call pinned,torch) $(shell grep -i '^fbgemm-gpu==' requirements-gpu.txt | cut -d' ' -f1)
+CHECK_CUDA := import sys, torch; v = torch.version.cuda or 'none'; sys.exit(0 if v.split('.')[0] == '$(CUDA)' else \
+	f'torch {torch.__version__} is built for CUDA {v}, not CUDA $(CUDA): name an index of the CUDA $(CUDA) pair (TORCH_INDEX=)')
+
 $(GPU_STAMP): requirements.txt requirements-gpu.txt requirements-nodeps.txt pyproject.toml
 	test ! -e $(STAMP) || { echo "$(VENV) holds the CPU set: make clean first, or make setup GPU=0"; exit 2; }
+	test $(CUDA) = 13 || test -n "$(TORCH_INDEX)" || { echo "$(NO_INDEX)"; exit 2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# requirements.txt less fbgemm-gpu-cpu, plus the CUDA fbgemm-gpu: one file of pins for both sets
+	# torch and fbgemm-gpu first, as one pair for CUDA $(CUDA) from one index
+	$(PY) -m pip install -q --disable-pip-version-check $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(GPU_PAIR)
+	$(PY) -c "$(CHECK_CUDA)"
+	# then requirements.txt less fbgemm-gpu-cpu, plus requirements-gpu.txt: the pair's pins are met, so pip keeps it
 	grep -v '^fbgemm-gpu-cpu==' requirements.txt | \
 		$(PY) -m pip install -q --disable-pip-version-check -r /dev/stdin -r requirements-gpu.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
@@ -48,9 +68,11 @@ $(GPU_STAMP): requirements.txt requirements-gpu.txt requirements-nodeps.txt pypr
 	# major version). Without a toolkit it stays unbuilt: on CUDA the trainers use torch's AdamW.
 	if $(PY) -c "$(HAS_CUDA_TOOLKIT)"; then PATH=$(CURDIR)/$(VENV)/bin:$$PATH DS_ACCELERATOR=cuda $(PY) -c "$(BUILD_DS_CUDA_OPS)"; \
 	else echo "no CUDA toolkit (nvcc): DeepSpeed's CUDA ops left unbuilt; the trainers need none"; fi
-	touch $(GPU_STAMP)
+	echo $(CUDA) > $(GPU_STAMP)
 
 setup: $(if $(filter 1,$(GPU)),$(GPU_STAMP),$(STAMP))
+	@test $(GPU) = 0 || test "$(VENV_CUDA)" = "" || test "$(VENV_CUDA)" = "$(CUDA)" || \
+		{ echo "$(VENV) holds the CUDA $(VENV_CUDA) set: make clean first, or CUDA=$(VENV_CUDA)"; exit 2; }
 
 run: setup
 	$(PY) -m launch.local -n 2 -m apps.moe --config configs/moe/default.yaml
