@@ -13,7 +13,6 @@ export WANDB_MODE ?= offline
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
 BUILD_DS_OPS := from deepspeed.accelerator import get_accelerator as a; [a().create_op_builder(n).load() for n in ('FusedAdamBuilder', 'ShareMemCommBuilder')]
 BUILD_DS_CUDA_OPS := from deepspeed.accelerator import get_accelerator as a; a().create_op_builder('FusedAdamBuilder').load()
-HAS_CUDA_TOOLKIT := import sys; from torch.utils.cpp_extension import CUDA_HOME; sys.exit(CUDA_HOME is None)
 # `make setup` installs the CPU set (requirements.txt), or the CUDA set (requirements-gpu.txt) where
 # nvidia-smi sees a GPU; GPU=1 or GPU=0 decides instead.
 ifeq ($(origin GPU),undefined)
@@ -33,6 +32,10 @@ TORCH_INDEX ?=
 ifeq ($(GPU)$(filter 12 13,$(CUDA)),1)
 $(error CUDA=$(CUDA): give CUDA=13 (PyPI's torch and fbgemm-gpu) or CUDA=12 with TORCH_INDEX=<an index of both for CUDA 12>)
 endif
+# DeepSpeed's CUDA op (FusedAdam), JIT-built with nvcc by `make setup GPU=1 DS_CUDA_OPS=1` only: the
+# trainers use torch's AdamW on CUDA (apps/common/deepspeed_config.py), and DeepSpeed refuses an
+# nvcc whose major version differs from torch's CUDA.
+DS_CUDA_OPS ?= 0
 
 .PHONY: setup run test lint bench tune compare clean slurm-deps conformance gpu-wheels gpu-check test-mpi
 
@@ -64,10 +67,8 @@ $(GPU_STAMP): requirements.txt requirements-gpu.txt requirements-nodeps.txt pypr
 		$(PY) -m pip install -q --disable-pip-version-check -r /dev/stdin -r requirements-gpu.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
-	# DeepSpeed's CUDA op, JIT-built here against torch's CUDA (DeepSpeed refuses an nvcc of another
-	# major version). Without a toolkit it stays unbuilt: on CUDA the trainers use torch's AdamW.
-	if $(PY) -c "$(HAS_CUDA_TOOLKIT)"; then PATH=$(CURDIR)/$(VENV)/bin:$$PATH DS_ACCELERATOR=cuda $(PY) -c "$(BUILD_DS_CUDA_OPS)"; \
-	else echo "no CUDA toolkit (nvcc): DeepSpeed's CUDA ops left unbuilt; the trainers need none"; fi
+	$(if $(filter 1,$(DS_CUDA_OPS)),PATH=$(abspath $(VENV))/bin:$$PATH DS_ACCELERATOR=cuda $(PY) -c "$(BUILD_DS_CUDA_OPS)",\
+		@echo "DeepSpeed's CUDA ops left unbuilt (DS_CUDA_OPS=1 builds FusedAdam with nvcc); the trainers need none")
 	echo $(CUDA) > $(GPU_STAMP)
 
 setup: $(if $(filter 1,$(GPU)),$(GPU_STAMP),$(STAMP))

@@ -1,5 +1,6 @@
-"""`make setup GPU=1`, the CUDA set: which CUDA major it installs and from where, read from the
-Makefile's own commands (`make -n`, nothing installed) or run where they install nothing heavy;
+"""`make setup GPU=1`, the CUDA set: which CUDA major it installs and from where, and that it leaves
+DeepSpeed's CUDA op unbuilt unless asked, read from the Makefile's own commands (`make -n`,
+nothing installed) or run where they install nothing heavy;
 and how pip resolves the torch and fbgemm-gpu pair from an index and keeps it afterwards, with
 wheels that carry only metadata (tests/install/wheels.py: pip's resolution is what is tested,
 not the packages).
@@ -84,6 +85,13 @@ def test_a_venv_keeps_the_cuda_major_it_was_made_with(tmp_path, stamp, cuda, ref
     assert result.returncode == (2 if refused else 0), result.stdout + result.stderr
     held = stamp or "13"
     assert (f"holds the CUDA {held} set: make clean first, or CUDA={held}" in result.stdout) == refused
+
+
+def test_deepspeeds_cuda_op_is_built_only_when_asked(tmp_path):
+    assert "FusedAdamBuilder" not in setup_commands(tmp_path)
+    built = setup_commands(tmp_path, "DS_CUDA_OPS=1")
+    assert f"PATH={tmp_path}/bin:$PATH DS_ACCELERATOR=cuda {tmp_path}/bin/python -c" in built
+    assert "create_op_builder('FusedAdamBuilder').load()" in built
 
 
 def installs(report: str) -> dict:
