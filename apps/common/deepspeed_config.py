@@ -17,7 +17,7 @@ class DeepSpeedTrainConfig(TrainConfig):
     warmup_steps: int = 10  # linear warm-up, then linear decay to 0 at `steps` (DeepSpeed WarmupDecayLR)
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    zero_stage: int = choice(0, 1, 2)  # dense: 0-1 with a pipeline
+    zero_stage: int = choice(0, 1, 2)  # DeepSpeed's MoE has no ZeRO-3; the dense trainer's takes 3 too
     precision: str = choice("fp32", "bf16")
 
 

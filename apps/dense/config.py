@@ -32,12 +32,17 @@ class ParallelConfig:
 
 
 @dataclass
+class DenseTrainConfig(DeepSpeedTrainConfig):
+    zero_stage: int = choice(0, 1, 2, 3)  # 3 shards the parameters too (no pipeline: DeepSpeed allows 0-1 there)
+
+
+@dataclass
 class DenseConfig(TrainerConfig):  # name, out_dir, resume, comm, checkpoint, log_interval, eval_interval, ...
     name: str = "dense"
     model: ModelConfig = field(default_factory=ModelConfig)
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    train: DeepSpeedTrainConfig = field(default_factory=DeepSpeedTrainConfig)  # grad_accum: the 1F1B micro-batches
+    train: DenseTrainConfig = field(default_factory=DenseTrainConfig)  # grad_accum: the 1F1B micro-batches
     eval_iters: int = 4  # validation batches per evaluation
 
 

@@ -148,5 +148,9 @@ def lm_loss(logits, targets, group=None):
 
 
 def count_params(model: nn.Module, tp: int) -> int:
-    """Parameters of the whole model, from this rank's share (sliced ones count tp times)."""
-    return sum(p.numel() * (tp if getattr(p, "tensor_model_parallel", False) else 1) for p in model.parameters())
+    """Parameters of the whole model, from this rank's share (sliced ones count tp times; ZeRO-3's
+    partitioned ones by their full size, `ds_numel`)."""
+    return sum(
+        getattr(p, "ds_numel", p.numel()) * (tp if getattr(p, "tensor_model_parallel", False) else 1)
+        for p in model.parameters()
+    )

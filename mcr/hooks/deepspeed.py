@@ -12,7 +12,10 @@ Call it INSTEAD of `deepspeed.init_distributed()` (or right after it), and BEFOR
    `deepspeed.comm.cdb` name is a stale copy, set too) to `RuntimeCommBackend`, DeepSpeed's own
    torch backend with its groups made on "mcr" and its shared-memory all-reduce sent to the
    runtime instead. It is DeepSpeed's constructor with two steps kept out: the shared-memory op
-   is not built (install() costs no 35-100 s JIT compile) and no process group is started.
+   is not built (install() costs no 35-100 s JIT compile) and no process group is started;
+4. makes DeepSpeed's device the one the runtime bound (`_match_deepspeed_device`): DeepSpeed
+   names its device by LOCAL_RANK, which is no device where a rank sees fewer GPUs than its node
+   has ranks (jsrun resource sets, Polaris' affinity script, `srun --gpus-per-task=1`).
 
 Afterwards every deepspeed.comm op (MoE all-to-all, gating all-reduce, ZeRO reduce-scatter and
 all-gather, gradient all-reduce, pipeline send/recv) reaches the runtime's per-call choice.
@@ -96,6 +99,7 @@ def install(config=None):
                 world = dist.new_group(backend=torch_backend.BACKEND_NAME)  # collective: every rank is here
     rt = api.runtime()
     _export_launch_env(rt)
+    _match_deepspeed_device(rt)
     cdb = backend_class(world)
     ds_comm.cdb = cdb
     ds_comm_pkg.cdb = cdb
@@ -103,7 +107,10 @@ def install(config=None):
 
 
 def _export_launch_env(rt):
-    """DeepSpeed reads these (engine, logging); mpiexec sets none of them, like its mpi_discovery."""
+    """DeepSpeed reads these (engine, logging); mpiexec sets none of them, like its mpi_discovery.
+    LOCAL_RANK is the launcher's local rank, never the device: DeepSpeed asserts that it equals
+    OMPI_COMM_WORLD_LOCAL_RANK (Open MPI, and Spectrum MPI under jsrun) and names node-local
+    checkpoint files by it."""
     info = rt.info
     for key, value in (
         ("RANK", info.rank),
@@ -112,6 +119,65 @@ def _export_launch_env(rt):
         ("LOCAL_WORLD_SIZE", info.local_world_size),
     ):
         os.environ.setdefault(key, str(value))
+
+
+def _match_deepspeed_device(rt):
+    """Make DeepSpeed's device for this rank the one the runtime bound (`rt.device`: local rank
+    % device count). DeepSpeed takes its device index from LOCAL_RANK, always through its
+    accelerator: the engine's `set_device(local_rank)` and `device_name(local_rank)`
+    (`_set_distributed_vars`), ZeRO-3's `device_name(os.environ["LOCAL_RANK"])` (zero.Init and
+    zero/utils.py), the pipeline module's and AutoTP's. So its CUDA accelerator is replaced by
+    one that names the bound device for this local rank and every other index as before."""
+    if rt.device is None:
+        return  # no GPU: DeepSpeed runs on the CPU
+    from deepspeed.accelerator import get_accelerator, set_accelerator
+    from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
+
+    local_rank, accelerator, bound = int(os.environ["LOCAL_RANK"]), get_accelerator(), _accelerator_class()
+    if accelerator.device_name() != "cuda":
+        return  # DeepSpeed was told to run elsewhere (DS_ACCELERATOR=cpu)
+    if type(accelerator) not in (CUDA_Accelerator, bound):
+        if rt.device.index != local_rank:
+            raise RuntimeError(
+                f"mcr.hooks.deepspeed: DeepSpeed's accelerator is {type(accelerator).__name__}, which names local "
+                f"rank {local_rank}'s device cuda:{local_rank}, but this rank sees {rt.device} only; use DeepSpeed's "
+                "CUDA_Accelerator, or give every rank all of its node's GPUs"
+            )
+        return
+    set_accelerator(bound(local_rank, rt.device.index))
+
+
+def _make_accelerator_class():
+    import torch
+    from deepspeed.accelerator.cuda_accelerator import CUDA_Accelerator
+
+    def index_of(device):
+        if isinstance(device, str) and not device.isdigit():
+            device = torch.device(device)
+        if isinstance(device, torch.device):
+            return device.index
+        return None if device is None else int(device)
+
+    class BoundCUDAAccelerator(CUDA_Accelerator):
+        """DeepSpeed's CUDA accelerator, where the index `local_rank` names the device mcr bound."""
+
+        def __init__(self, local_rank: int, device_index: int):
+            super().__init__()
+            self.local_rank, self.bound_index = local_rank, device_index
+
+        def _bound(self, device_index):
+            return self.bound_index if index_of(device_index) == self.local_rank else device_index
+
+        def device_name(self, device_index=None):
+            return super().device_name(self._bound(device_index))
+
+        def device(self, device_index=None):
+            return super().device(self._bound(device_index))
+
+        def set_device(self, device_index):
+            super().set_device(self._bound(device_index))
+
+    return BoundCUDAAccelerator
 
 
 def _make_backend_class():
@@ -243,6 +309,7 @@ def _on_world(method, index, world):
 
 
 _class = None
+_accelerator = None
 
 
 def _backend_class():
@@ -253,7 +320,16 @@ def _backend_class():
     return _class
 
 
+def _accelerator_class():
+    global _accelerator
+    if _accelerator is None:
+        _accelerator = _make_accelerator_class()
+    return _accelerator
+
+
 def __getattr__(name):
     if name == "RuntimeCommBackend":
         return _backend_class()
+    if name == "BoundCUDAAccelerator":
+        return _accelerator_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -230,6 +230,8 @@ def test_checkpoint_holds_every_tensor_and_pipeline_ranks_shard(runs):
         (4, ["parallel.tensor=4", "model.d_model=30", "model.n_head=4"], r"'model.d_model'.*hidden size 30"),
         (8, ["parallel.pipeline=8"], r"'parallel.pipeline'.*8 stages but the model has 4 pipeline layers"),
         (2, ["parallel.pipeline=2", "train.zero_stage=2"], r"'train.zero_stage'.*ZeRO-2 does not work with a pipeline"),
+        (2, ["parallel.pipeline=2", "train.zero_stage=3"], r"'train.zero_stage'.*ZeRO-3 does not work with a pipeline"),
+        (2, ["train.zero_stage=4"], r"bad value 4 for config key 'train.zero_stage'; choose one of 0, 1, 2, 3"),
         (1, ["parallel.sequence=true"], r"'parallel.sequence'.*needs parallel.tensor > 1"),
         (4, ["parallel.tensor=2", "parallel.sequence=true", "model.seq_len=15"], r"'model.seq_len'.*15"),
         (4, ["parallel.pipeline=2", "parallel.cluster=nope.yaml"], r"'parallel.cluster'.*no such file"),

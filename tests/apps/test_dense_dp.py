@@ -12,6 +12,7 @@ differently, move them by 1e-3 or more).
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ MICRO_BATCH = 4  # tiny.yaml's, per replica
 
 
 def reference(out_dir, name, replicas):
+    """(its output, its metrics)."""
     result = run_ranks(
         1,
         [SCRIPT, str(replicas), "--config", TINY, f"out_dir={out_dir}", f"name={name}",
@@ -31,7 +33,7 @@ def reference(out_dir, name, replicas):
         timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.output[-6000:]
-    return train_metrics(os.path.join(out_dir, name))
+    return result.output, train_metrics(os.path.join(out_dir, name))
 
 
 def train_metrics(run_dir):
@@ -68,10 +70,28 @@ def assert_same_params(shards, whole):
 @pytest.mark.parametrize("tp, nprocs", [(1, 2), (2, 4)], ids=["dp2", "tp2-dp2"])
 def test_data_parallel_matches_one_process_over_every_replicas_batches(tmp_path, tp, nprocs):
     replicas = nprocs // tp
-    want = reference(str(tmp_path), "reference", replicas)
+    _, want = reference(str(tmp_path), "reference", replicas)
     output, got, run_dir = train(str(tmp_path), "dp", f"parallel.tensor={tp}", nprocs=nprocs)
     assert f"pp 1 x dp {replicas} x tp {tp}" in output, output[-3000:]
     assert len(got) == len(want) == 8
     assert losses(got) == pytest.approx(losses(want), abs=TOL)
     assert got[-1]["val_loss"] == pytest.approx(want[-1]["val_loss"], abs=TOL)
     assert_same_params(final_params(run_dir, tp), final_params(os.path.join(str(tmp_path), "reference"), 1))
+
+
+def test_zero3_matches_one_process_over_every_replicas_batches_and_counts_the_whole_model(tmp_path):
+    """ZeRO-3 (train.zero_stage=3) shards the parameters too: each rank holds half of every one,
+    gathers them around its forward and backward and reduce-scatters the gradients (DeepSpeed's
+    stage 3, through backend "mcr"). DP=2: the same losses, and the same final parameters, gathered
+    from the checkpoint's shards by DeepSpeed's own zero_to_fp32; the banner counts the whole model,
+    not the shard a rank holds (0.00M: the count broken)."""
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    reference_output, want = reference(str(tmp_path), "reference", 2)
+    output, got, run_dir = train(str(tmp_path), "zero3", "train.zero_stage=3")
+    params = re.compile(r"ZeRO-(\d) fp32.* ([\d.]+M) params")
+    assert params.search(output).groups() == ("3", params.search(reference_output).group(2)), output[-3000:]
+    assert losses(got) == pytest.approx(losses(want), abs=TOL)
+    assert got[-1]["val_loss"] == pytest.approx(want[-1]["val_loss"], abs=TOL)
+    gathered = get_fp32_state_dict_from_zero_checkpoint(os.path.join(run_dir, "checkpoints"))
+    assert_same_params([gathered], final_params(os.path.join(str(tmp_path), "reference"), 1))
