@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from launch.systems import REPO, LaunchError
+from launch.systems import REPO, LaunchError, System, load_system
 
 RUNS = os.path.join(REPO, "runs")
 
@@ -46,8 +46,20 @@ def add_job_options(parser: argparse.ArgumentParser, nodes_help: str) -> None:
     parser.add_argument("--nodes", required=True, help=nodes_help)
     parser.add_argument("--time", default="0:30:00", help="wall time, h:mm:ss (default 0:30:00)")
     parser.add_argument("--account", help="account / bank / project to charge (overrides the system file)")
-    parser.add_argument("--queue", help="partition / queue (overrides the system file)")
+    parser.add_argument("--queue", help="partition / queue (overrides the system file and its choice by size)")
+    parser.add_argument(
+        "--no-nccl-plugin",
+        action="store_true",
+        help="leave out the system's NCCL network plugin and its settings (and unset them)",
+    )
     parser.add_argument("--out", default=RUNS, help="where job directories go (default runs/)")
+
+
+def job_system(args: argparse.Namespace) -> System:
+    """The system file with the command line's overrides (add_job_options) applied."""
+    return load_system(
+        args.system, account=args.account, queue=args.queue, nccl_plugin_off=True if args.no_nccl_plugin else None
+    )
 
 
 def parse_nodes(text: str) -> list[int]:

@@ -18,7 +18,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 
-from launch.systems import REPO, System, walltime
+from launch.systems import REPO, System, queue_name, walltime
 
 
 @dataclass
@@ -62,6 +62,7 @@ SCHEDULER_LOG = {"slurm": "job-%j.out", "lsf": "job-%J.out", "pbs": "job.out", "
 def _directives(job: Job) -> list[str]:
     s, log = job.system, os.path.join(job.job_dir, SCHEDULER_LOG[job.system.scheduler])
     time = walltime(s.scheduler, job.seconds)
+    queue = queue_name(s, job.nodes, job.seconds)
     if s.scheduler == "slurm":
         lines = [
             f"--job-name={job.name}",
@@ -73,23 +74,25 @@ def _directives(job: Job) -> list[str]:
         ]
         lines += [f"--gpus-per-node={s.gpus_per_node}"] if s.gpus_per_node else []
         lines += [f"--account={s.account}"] if s.account else []
-        lines += [f"--partition={s.queue}"] if s.queue else []
+        lines += [f"--partition={queue}"] if queue else []
     elif s.scheduler == "lsf":
         lines = [f"-J {job.name}", f"-nnodes {job.nodes}", f"-W {time}", f"-o {log}"]
         lines += [f"-G {s.account}"] if s.account else []
-        lines += [f"-q {s.queue}"] if s.queue else []
+        lines += [f"-q {queue}"] if queue else []
     elif s.scheduler == "pbs":
         select = f"select={job.nodes}{s.node_resources}"
         lines = [f"-N {job.name}", f"-l {select}", f"-l walltime={time}", f"-A {s.account}", f"-o {log}", "-j oe"]
-        lines += [f"-q {s.queue}"] if s.queue else []
+        lines += [f"-q {queue}"] if queue else []
     else:  # cobalt
         lines = [f"-n {job.nodes}", f"-t {time}", f"-A {s.account}", f"-O {log}"]
-        lines += [f"-q {s.queue}"] if s.queue else []
+        lines += [f"-q {queue}"] if queue else []
     prefix = {"slurm": "#SBATCH", "lsf": "#BSUB", "pbs": "#PBS", "cobalt": "#COBALT"}[s.scheduler]
     return [f"{prefix} {line}" for line in lines + list(s.directives)]
 
 
 def _exports(job: Job) -> dict[str, str]:
+    """name -> shell value of what the script exports (env beats nccl_env; an empty value is
+    left out: `_unsets` names it)."""
     s = job.system
     env = {
         "LOCAL_WORLD_SIZE": str(s.ranks_per_node),
@@ -109,7 +112,27 @@ def _exports(job: Job) -> dict[str, str]:
             "PRTE_MCA_oob_tcp_if_include",
         ):
             env[key] = nic
-    return {**env, **{key: shlex.quote(value) for key, value in s.env.items()}}
+    given = {**({} if s.nccl_plugin_off else s.nccl_env), **s.env}
+    return {**env, **{key: shlex.quote(value) for key, value in given.items() if value}}
+
+
+def _unsets(job: Job) -> list[str]:
+    """Variables the script unsets: env's empty ones, and with the NCCL plugin off its settings
+    (a site's module may set them, as Polaris' conda module does)."""
+    s = job.system
+    off = [key for key in s.nccl_env if key not in s.env] if s.nccl_plugin_off else []
+    return off + [key for key, value in s.env.items() if not value]
+
+
+def _nccl_plugin(job: Job) -> list[str]:
+    s = job.system
+    if not s.nccl_plugin or s.nccl_plugin_off:
+        return []
+    dirs = ":".join(shlex.quote(d) for d in s.nccl_plugin)
+    return [
+        "# NCCL's network plugin first on the library path (launch: --no-nccl-plugin leaves it out)",
+        f'export LD_LIBRARY_PATH={dirs}:"${{LD_LIBRARY_PATH:-}}"',
+    ]
 
 
 def _launcher(job: Job, exported: list[str]) -> str:
@@ -162,6 +185,8 @@ def job_script(job: Job) -> str:
         f"RUN_DIR={shlex.quote(job.resume_dir)}" if job.resume_dir else f'RUN_DIR="$JOB_DIR/{job.app}-$JOB_ID"',
         f"cd {shlex.quote(REPO)}",
         *setup,
+        *_nccl_plugin(job),
+        *([f"unset {' '.join(unsets)}"] if (unsets := _unsets(job)) else []),
         *(f"{key}={value}" for key, value in exports.items()),
         f"export {' '.join(exports)}",
         *seed_cache,

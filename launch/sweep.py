@@ -17,10 +17,10 @@ import os
 import subprocess
 import time
 
-from launch.options import add_job_options, check_app, new_job_dir, parse_nodes, split_argv
+from launch.options import add_job_options, check_app, job_system, new_job_dir, parse_nodes, split_argv
 from launch.scripts import SCHEDULER_LOG, Job, write_script
 from launch.submit import cancel_command, submit, wait
-from launch.systems import LaunchError, load_system, parse_time
+from launch.systems import LaunchError, parse_time
 
 
 def single_backends(backends) -> list:
@@ -120,7 +120,7 @@ def sweep_main(argv: list[str]) -> int:
     nodes = parse_nodes(args.nodes)
     backends = check_backends(args.backends.split(","))
     app = check_app(args.app)
-    system = load_system(args.system, account=args.account, queue=args.queue)
+    system = job_system(args)
     seconds, deadline = parse_time(args.time), parse_time(args.deadline)
 
     sweep_dir = new_job_dir(os.path.abspath(args.out), f"sweep-{app}-{system.name}-{time.strftime('%Y%m%d-%H%M%S')}")

@@ -1,6 +1,7 @@
 """System descriptions (configs/systems/*.yaml): scheduler, account, queue, ranks and CPUs per node.
 
     system = load_system("local", account="proj1")          # a name in configs/systems/ or a path
+    queue_for(system, nodes=4, seconds=1800)                # --queue, or the first of `queues` that fits
 
 The schema is an omegaconf structured config, so an unknown key or a bad value is a LaunchError
 naming the key and what it accepts. (Read here rather than through apps.common.config, which
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from typing import Dict, List
 
 from omegaconf import OmegaConf
 from omegaconf.errors import ConfigKeyError, OmegaConfBaseException
@@ -29,11 +31,30 @@ CHOICES = {"scheduler": ("slurm", "lsf", "pbs", "cobalt"), "srun_mpi": ("pmix", 
 
 
 @dataclass
+class QueueRule:
+    """A queue and the jobs it takes: `queues` lists them in order of preference."""
+
+    name: str = ""
+    min_nodes: int = 1
+    max_nodes: int = 1
+    max_time: str = "1:00:00"  # h:mm:ss
+    jobs_per_user: int = 0  # how many of one user's jobs it holds at once (0: no limit known)
+
+    def takes(self, nodes: int, seconds: int) -> bool:
+        return self.min_nodes <= nodes <= self.max_nodes and seconds <= parse_time(self.max_time)
+
+    def __str__(self) -> str:
+        limit = f", {self.jobs_per_user} job(s) per user" if self.jobs_per_user else ""
+        return f"{self.name} ({self.min_nodes}-{self.max_nodes} nodes, up to {self.max_time}{limit})"
+
+
+@dataclass
 class System:
     name: str = ""  # empty: the file's name
     scheduler: str = "slurm"  # slurm | lsf | pbs | cobalt
     account: str = ""  # SLURM --account, LSF -G (bank), PBS/Cobalt -A (project; required there)
-    queue: str = ""  # SLURM --partition, LSF/PBS/Cobalt -q; empty: the scheduler's default
+    queue: str = ""  # SLURM --partition, LSF/PBS/Cobalt -q; empty: chosen from `queues`, else the scheduler's default
+    queues: List[QueueRule] = field(default_factory=list)  # the first that takes the job's nodes and time
     ranks_per_node: int = 1  # tasks per node: one per GPU on GPU systems, any number on CPU nodes
     gpus_per_node: int = 0  # GPUs per node, one per rank (0: none requested)
     cpus_per_task: int = 1  # cores per rank; also each rank's thread count
@@ -43,7 +64,13 @@ class System:
     node_resources: str = ""  # PBS: appended to `-l select=N`, e.g. ":system=polaris"
     directives: list = field(default_factory=list)  # extra scheduler lines, e.g. ["-l filesystems=home:eagle"]
     preamble: list = field(default_factory=list)  # shell lines: module loads, venv/conda activation
-    env: dict = field(default_factory=dict)  # variables exported before the ranks start
+    env: Dict[str, str] = field(default_factory=dict)  # variables exported before the ranks start ("": unset)
+    # NCCL's network plugin (aws-ofi-nccl on Slingshot): its library directories, put first on
+    # LD_LIBRARY_PATH, and the NCCL and libfabric settings the site gives for it (env overrides
+    # each); nccl_plugin_off leaves both out and unsets those variables
+    nccl_plugin: List[str] = field(default_factory=list)
+    nccl_env: Dict[str, str] = field(default_factory=dict)
+    nccl_plugin_off: bool = False
     # the fast network's interface on the nodes (e.g. ib0, hsn0): gloo and Open MPI send over it
     # (GLOO_SOCKET_IFNAME, Open MPI's TCP include lists); empty: whatever the hostnames resolve to
     interface: str = ""
@@ -87,10 +114,39 @@ def load_system(name_or_path: str, **overrides) -> System:
             f"system {cfg.name or path!r}: {cfg.scheduler} jobs need a project to charge; "
             "give --account PROJECT or set account: in the system file"
         )
+    for rule in cfg.queues:
+        try:
+            parse_time(rule.max_time)
+        except LaunchError:
+            raise LaunchError(
+                f"bad max_time {rule.max_time!r} of queue {rule.name!r} in {path}: give h:mm:ss"
+            ) from None
     system = OmegaConf.to_object(cfg)
     system.env = {str(key): str(value) for key, value in system.env.items()}
+    system.nccl_env = {str(key): str(value) for key, value in system.nccl_env.items()}
     system.name = system.name or os.path.basename(path)[: -len(".yaml")]
     return system
+
+
+def queue_for(system: System, nodes: int, seconds: int) -> QueueRule | None:
+    """The rule of the queue a job goes to: the first of `system.queues` that takes its node count
+    and wall time; None where the system names its queue (`queue`, or --queue) or lists none."""
+    if system.queue or not system.queues:
+        return None
+    for rule in system.queues:
+        if rule.takes(nodes, seconds):
+            return rule
+    known = "; ".join(str(rule) for rule in system.queues)
+    raise LaunchError(
+        f"no queue of {system.name} takes {nodes} node(s) for {walltime('pbs', seconds)}: {known}; "
+        "change --nodes or --time, or name one with --queue"
+    )
+
+
+def queue_name(system: System, nodes: int, seconds: int) -> str:
+    """--queue or the system's queue, else the one `queue_for` chooses ("": the scheduler's default)."""
+    rule = queue_for(system, nodes, seconds)
+    return rule.name if rule is not None else system.queue
 
 
 def parse_time(text: str) -> int:

@@ -68,9 +68,30 @@ def test_rank_discovery_end_to_end_under_scheduler_test_doubles(system, launcher
         assert "--depth 3 --cpu-bind depth launch/gpu_affinity_polaris.sh" in given
         for rank, seen in gpu_env.items():
             assert f"CUDA_VISIBLE_DEVICES={3 - int(rank) % 2}" in seen and "MPICH_GPU_SUPPORT_ENABLED=1" in seen
+            # ALCF's NCCL plugin reaches every rank: NCCL_NET and the library path that holds the plugin
+            assert "NCCL_NET=AWS Libfabric FI_MR_CACHE_MONITOR=userfaultfd" in seen, seen
+            assert "LD_LIBRARY_PATH=/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:/soft/libraries/hwloc/lib" in seen
     else:  # mpirun forwards the MVAPICH2-GDR switch to every node
         assert "-x MV2_USE_CUDA" in given
         assert all("MV2_USE_CUDA=1" in seen for seen in gpu_env.values())
+
+
+def test_polaris_without_the_nccl_plugin_leaves_no_nccl_setting_on_any_rank_not_even_the_modules(tmp_path, doubles):
+    # ALCF's conda module sets the plugin's variables itself; ALCF's advice where the plugin hangs
+    # a job (Megatron-DeepSpeed) is to unset them, which --no-nccl-plugin does after the preamble
+    s = load_system("polaris", account="proj1", nccl_plugin_off=True)
+    module = "export NCCL_NET='AWS Libfabric' NCCL_COLLNET_ENABLE=1 FI_MR_CACHE_MONITOR=userfaultfd"
+    s.preamble = [f"export PATH={DOUBLES}:{os.path.dirname(sys.executable)}:$PATH", module]
+    s.ranks_per_node, s.gpus_per_node, s.cpus_per_task = 2, 2, 1
+    job = Job(s, 1, 600, str(tmp_path / "job"), "probe", "probe", [], module="tests.launch.probe")
+    job_id = submit(s.scheduler, write_script(job), cwd=job.job_dir)
+    assert wait(s.scheduler, [job_id], 30, poll_s=0.1) == {job_id: "DONE"}
+    text = open(os.path.join(job.job_dir, "job.out")).read()
+    gpu_env = dict(re.findall(r"probe-env: rank (\d+) gpu (.*)", text))
+    assert sorted(gpu_env) == ["0", "1"], text
+    for seen in gpu_env.values():
+        assert "NCCL_NET= FI_MR_CACHE_MONITOR= " in seen and "aws-ofi-nccl" not in seen, seen
+        assert "MPICH_GPU_SUPPORT_ENABLED=1" in seen
 
 
 @pytest.mark.parametrize("scheduler", ["lsf", "pbs", "cobalt"])

@@ -13,13 +13,13 @@ import pytest
 
 from launch.cli import check_resume_dir, main
 from launch.scripts import Job, job_script
-from launch.systems import REPO, SYSTEMS_DIR, LaunchError, load_system, parse_time, walltime
+from launch.systems import REPO, SYSTEMS_DIR, LaunchError, load_system, parse_time, queue_name, walltime
 from tests.ranks import clean_env
 
 SYSTEMS = sorted(f[: -len(".yaml")] for f in os.listdir(SYSTEMS_DIR) if f.endswith(".yaml"))
 
 
-def script(system: str, nodes: int = 2, seconds: int = 5400, tmp="/tmp/job", **overrides) -> str:
+def script(system: str, nodes: int = 2, seconds: int = 3600, tmp="/tmp/job", **overrides) -> str:
     s = load_system(system, **{"account": "proj1", **overrides})
     return job_script(Job(s, nodes, seconds, tmp, "moe-test", "moe", ["--config", "configs/moe/tiny.yaml"]))
 
@@ -64,14 +64,14 @@ def test_slurm_cpu_system_asks_for_no_gpus_and_no_partition_unless_given():
     assert "gpus" not in text and "--partition" not in text
     assert "#SBATCH --partition=short" in script("local", queue="short")
     gpu = script("slurm-gpu", queue="gpu")
-    assert "#SBATCH --gpus-per-node=8" in gpu and "#SBATCH --account=proj1" in gpu and "#SBATCH --time=1:30:00" in gpu
+    assert "#SBATCH --gpus-per-node=8" in gpu and "#SBATCH --account=proj1" in gpu and "#SBATCH --time=1:00:00" in gpu
     assert "srun --mpi=pmix --kill-on-bad-exit=1 --cpus-per-task=8 --gpus-per-task=1 " in gpu  # a GPU per rank
     assert "--gpus-per-task" not in script("local")
 
 
 def test_lassen_uses_bsub_and_jsrun_with_the_bank_a_resource_set_per_gpu_and_gpu_smpiargs():
     text = script("lassen", account="mybank")
-    assert "#BSUB -G mybank" in text and "#BSUB -W 1:30" in text and "#BSUB -nnodes 2" in text
+    assert "#BSUB -G mybank" in text and "#BSUB -W 1:00" in text and "#BSUB -nnodes 2" in text
     launch = text.split("\njsrun ", 1)[1]
     assert launch.startswith(
         '--nrs 8 --rs_per_host 4 --tasks_per_rs 1 --cpu_per_rs 10 --gpu_per_rs 1 --bind packed:10 --smpiargs="-gpu" '
@@ -81,7 +81,7 @@ def test_lassen_uses_bsub_and_jsrun_with_the_bank_a_resource_set_per_gpu_and_gpu
 
 def test_thetagpu_cobalt_charges_the_project_and_runs_mpirun_on_the_node_file():
     text = script("thetagpu")
-    assert "#COBALT -A proj1" in text and "#COBALT -t 90" in text
+    assert "#COBALT -A proj1" in text and "#COBALT -t 60" in text
     assert 'mpirun -np 16 -npernode 8 --hostfile "$COBALT_NODEFILE" -x PATH' in text
     assert "-x MASTER_PORT" in text and "-x TORCH_EXTENSIONS_DIR" in text
     assert "\nMV2_USE_CUDA=1\n" in text and "-x MV2_USE_CUDA " in text  # MVAPICH2-GDR's GPU switch, on every node
@@ -89,12 +89,49 @@ def test_thetagpu_cobalt_charges_the_project_and_runs_mpirun_on_the_node_file():
 
 def test_polaris_pbs_uses_select_walltime_mpiexec_a_gpu_per_rank_and_cray_mpich_gpu_support():
     text = script("polaris")
-    assert "#PBS -l select=2:system=polaris" in text and "#PBS -l walltime=1:30:00" in text
+    assert "#PBS -l select=2:system=polaris" in text and "#PBS -l walltime=1:00:00" in text
     assert "#PBS -A proj1" in text and "#PBS -l filesystems=home:eagle" in text
     assert (
         "\nmpiexec -n 8 --ppn 4 --depth 8 --cpu-bind depth launch/gpu_affinity_polaris.sh python -m apps.moe " in text
     )
     assert "\nMPICH_GPU_SUPPORT_ENABLED=1\n" in text and "\nmodule load conda craype-accel-nvidia80\n" in text
+
+
+def test_polaris_queue_is_chosen_from_the_node_count_and_wall_time_as_alcf_lists_them():
+    # docs.alcf.anl.gov/polaris/running-jobs/: debug 1-2 nodes, debug-scaling 1-10, prod 10-496, by time
+    s = load_system("polaris", account="proj1")
+    hour = parse_time("1:00:00")
+    fits = [(1, hour), (2, hour), (3, hour), (10, hour), (24, hour), (25, hour), (496, hour)]
+    fits += [(10, 3 * hour), (24, 3 * hour), (25, 6 * hour), (100, 24 * hour)]
+    assert [queue_name(s, n, t) for n, t in fits] == ["debug"] * 2 + ["debug-scaling"] * 2 + ["prod"] * 7
+    for nodes, seconds in ((3, 3 * hour), (497, hour), (24, 4 * hour)):
+        with pytest.raises(
+            LaunchError, match=rf"no queue of polaris takes {nodes} node\(s\) .*debug-scaling \(1-10 nodes"
+        ):
+            queue_name(s, nodes, seconds)
+    assert "\n#PBS -q debug-scaling\n" in script("polaris", nodes=4, seconds=1800)  # the default debug refuses 3+
+    assert "\n#PBS -q prod\n" in script("polaris", nodes=12, seconds=2 * hour)
+    assert "\n#PBS -q preemptable\n" in script("polaris", nodes=4, seconds=30 * hour, queue="preemptable")  # --queue
+
+
+def test_polaris_puts_alcfs_nccl_plugin_and_settings_in_the_script_and_one_switch_takes_them_out():
+    text = script("polaris")
+    plugin = "export LD_LIBRARY_PATH=/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:/soft/libraries/hwloc/lib:"
+    assert f"\n{plugin}" in text and text.index(plugin) < text.index("\nmpiexec ")
+    exported = text.split("\nexport LOCAL_WORLD_SIZE ", 1)[1].split("\n")[0].split()
+    settings = {  # docs.alcf.anl.gov/polaris/applications-and-libraries/libraries/nccl/
+        "NCCL_NET_GDR_LEVEL": "PHB", "NCCL_CROSS_NIC": "1", "NCCL_COLLNET_ENABLE": "1", "NCCL_NET": "'AWS Libfabric'",
+        "FI_CXI_DISABLE_HOST_REGISTER": "1", "FI_MR_CACHE_MONITOR": "userfaultfd", "FI_CXI_DEFAULT_CQ_SIZE": "131072",
+    }  # fmt: skip
+    for key, value in settings.items():
+        assert f"\n{key}={value}\n" in text and key in exported, key
+    assert "unset" not in text
+    # off: none of it, and the conda module's own copies unset (ALCF: the plugin can hang Megatron-DeepSpeed)
+    off = script("polaris", nccl_plugin_off=True)
+    assert "aws-ofi-nccl" not in off and "NCCL_NET=" not in off and "FI_MR_CACHE_MONITOR=" not in off
+    assert f"\nunset {' '.join(settings)}\n" in off
+    assert "\nMPICH_GPU_SUPPORT_ENABLED=1\n" in off  # MPI's own GPU switch stays
+    assert "NCCL_NET" not in script("lassen")  # a system that names no plugin sets none
 
 
 def test_polaris_gpu_wrapper_gives_each_local_rank_one_gpu_in_alcfs_reverse_order():
