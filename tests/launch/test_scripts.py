@@ -213,6 +213,21 @@ def test_dry_run_writes_an_executable_script_in_a_fresh_job_dir_and_errors_are_o
     assert len(os.listdir(tmp_path)) == 2  # a refused job leaves no directory behind
 
 
+def test_sweep_dry_run_writes_every_jobs_script_with_its_queue_and_submits_none(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))  # no qsub here: a submit would fail the sweep
+    args = ["sweep", "--system", "polaris", "--account", "proj1", "--app", "moe", "--nodes", "1,4,12"]
+    assert main([*args, "--backends", "gloo,nccl", "--out", str(tmp_path), "--dry-run", "--", "train.steps=4"]) == 0
+    out = capsys.readouterr().out
+    (sweep_dir,) = [d for d in tmp_path.iterdir() if d.name.startswith("sweep-moe-polaris-")]
+    for nodes, queue in ((1, "debug"), (4, "debug-scaling"), (12, "prod")):
+        for backend in ("gloo", "nccl"):
+            text = (sweep_dir / f"{nodes}n-{backend}" / "job.sh").read_text()
+            assert f"\n#PBS -q {queue}\n" in text and f"#PBS -l select={nodes}:" in text
+            assert f"comm.backend={backend}" in text and "train.steps=4" in text
+            assert f"sweep: {nodes} node(s) x {backend} (queue {queue}): " in out
+    assert "wrote 6 job scripts" in out and "(not submitted)" in out
+
+
 def test_launching_imports_neither_torch_nor_mcr():
     code = "import sys, launch.cli, launch.sweep, launch.local; print([m for m in ('torch', 'mcr', 'mpi4py') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
