@@ -138,8 +138,10 @@ def _nccl_plugin(job: Job) -> list[str]:
 def _launcher(job: Job, exported: list[str]) -> str:
     s = job.system
     if s.scheduler == "slurm":
-        words = ["srun", f"--mpi={s.srun_mpi}", "--kill-on-bad-exit=1", f"--cpus-per-task={s.cpus_per_task}"]
-        words += ["--gpus-per-task=1"] if s.gpus_per_node else []  # each rank sees only its own GPU
+        words = ["srun", *([f"--mpi={s.srun_mpi}"] if s.srun_mpi else []), "--kill-on-bad-exit=1"]
+        words.append(f"--cpus-per-task={s.cpus_per_task}")
+        if s.gpus_per_node:  # per_task: each rank sees only its own GPU; none: all of its node's
+            words.append("--gpus-per-task=1" if s.gpu_bind == "per_task" else "--gpu-bind=none")
     elif s.scheduler == "lsf":  # one resource set per rank: its cores and its GPU, on one socket
         words = [
             "jsrun",

@@ -27,7 +27,12 @@ class LaunchError(ValueError):
     """A bad system file, option or app name: the message names it and the fix."""
 
 
-CHOICES = {"scheduler": ("slurm", "lsf", "pbs", "cobalt"), "srun_mpi": ("pmix", "pmi2", "none")}
+# srun_mpi "": no --mpi flag, the site's MpiDefault (slurm.conf)
+CHOICES = {
+    "scheduler": ("slurm", "lsf", "pbs", "cobalt"),
+    "srun_mpi": ("pmix", "pmi2", "cray_shasta", "none", ""),
+    "gpu_bind": ("per_task", "none"),
+}
 
 
 @dataclass
@@ -58,7 +63,11 @@ class System:
     ranks_per_node: int = 1  # tasks per node: one per GPU on GPU systems, any number on CPU nodes
     gpus_per_node: int = 0  # GPUs per node, one per rank (0: none requested)
     cpus_per_task: int = 1  # cores per rank; also each rank's thread count
-    srun_mpi: str = "pmix"  # `srun --mpi=`: pmix for Open MPI 5, pmi2 for MPICH/MVAPICH
+    srun_mpi: str = "pmix"  # `srun --mpi=`: pmix for Open MPI 5, pmi2 for MPICH, cray_shasta; "": no flag
+    # SLURM: how srun gives each rank its GPU. per_task: --gpus-per-task=1, one GPU per rank fenced
+    # off by cgroup; none: --gpu-bind=none, every rank sees its node's GPUs and mcr (or rank_wrapper)
+    # picks one, which CUDA IPC between a node's ranks needs (CUDA-aware MPI: docs/launchers.md)
+    gpu_bind: str = "per_task"
     launcher_args: str = ""  # added to srun/jsrun/mpirun/mpiexec, e.g. the MPI's GPU switch (jsrun --smpiargs="-gpu")
     rank_wrapper: str = ""  # a command each rank runs the trainer through, e.g. a per-rank CUDA_VISIBLE_DEVICES script
     node_resources: str = ""  # PBS: appended to `-l select=N`, e.g. ":system=polaris"
@@ -90,9 +99,9 @@ def system_path(name_or_path: str) -> str:
 def load_system(name_or_path: str, **overrides) -> System:
     """Read a system file; `overrides` (account=..., queue=...) replace its values when not None."""
     path = system_path(name_or_path)
-    dotlist = [f"{key}={value}" for key, value in overrides.items() if value is not None]
+    given = OmegaConf.create({key: value for key, value in overrides.items() if value is not None})
     try:
-        cfg = OmegaConf.merge(OmegaConf.structured(System), OmegaConf.load(path), OmegaConf.from_dotlist(dotlist))
+        cfg = OmegaConf.merge(OmegaConf.structured(System), OmegaConf.load(path), given)
     except ConfigKeyError as exc:
         valid = ", ".join(System.__dataclass_fields__)
         raise LaunchError(f"unknown key {exc.full_key!r} in {path}; valid keys: {valid}") from None
@@ -100,7 +109,8 @@ def load_system(name_or_path: str, **overrides) -> System:
         raise LaunchError(f"bad value for key {exc.full_key!r} in {path}: {str(exc).splitlines()[0]}") from None
     for key, choices in CHOICES.items():
         if cfg[key] not in choices:
-            raise LaunchError(f"bad value {cfg[key]!r} for key {key!r} in {path}; choose one of {', '.join(choices)}")
+            shown = ", ".join(repr(c) if c == "" else c for c in choices)
+            raise LaunchError(f"bad value {cfg[key]!r} for key {key!r} in {path}; choose one of {shown}")
     for key, least in (("ranks_per_node", 1), ("gpus_per_node", 0), ("cpus_per_task", 1)):
         if cfg[key] < least:
             raise LaunchError(f"bad value {cfg[key]} for key {key!r} in {path}: must be >= {least}")

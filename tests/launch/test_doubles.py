@@ -65,7 +65,7 @@ def test_rank_discovery_end_to_end_under_scheduler_test_doubles(system, launcher
         assert "--smpiargs=-gpu" in given
         assert all("OMPI_MCA_pml_pami_enable_cuda=1" in seen for seen in gpu_env.values())
     elif system == "polaris":  # cores by depth; the wrapper gives local rank r GPU 3 - r (ALCF's order)
-        assert "--depth 3 --cpu-bind depth launch/gpu_affinity_polaris.sh" in given
+        assert "--depth 3 --cpu-bind depth launch/gpu_affinity_reversed.sh 4" in given
         for rank, seen in gpu_env.items():
             assert f"CUDA_VISIBLE_DEVICES={3 - int(rank) % 2}" in seen and "MPICH_GPU_SUPPORT_ENABLED=1" in seen
             # ALCF's NCCL plugin reaches every rank: NCCL_NET and the library path that holds the plugin

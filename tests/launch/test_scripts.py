@@ -65,8 +65,39 @@ def test_slurm_cpu_system_asks_for_no_gpus_and_no_partition_unless_given():
     assert "#SBATCH --partition=short" in script("local", queue="short")
     gpu = script("slurm-gpu", queue="gpu")
     assert "#SBATCH --gpus-per-node=8" in gpu and "#SBATCH --account=proj1" in gpu and "#SBATCH --time=1:00:00" in gpu
-    assert "srun --mpi=pmix --kill-on-bad-exit=1 --cpus-per-task=8 --gpus-per-task=1 " in gpu  # a GPU per rank
-    assert "--gpus-per-task" not in script("local")
+    # every rank sees its node's GPUs and mcr binds one: no cgroup between ranks, so CUDA IPC works
+    assert "\nsrun --mpi=pmix --kill-on-bad-exit=1 --cpus-per-task=8 --gpu-bind=none python" in gpu.replace(
+        sys.executable, "python"
+    )
+    assert "--gpus-per-task" not in gpu
+    fenced = script("slurm-gpu", gpu_bind="per_task")  # where MPI never gets GPU memory
+    assert " --cpus-per-task=8 --gpus-per-task=1 " in fenced and "--gpu-bind" not in fenced
+    assert "--gpus-per-task" not in script("local") and "--gpu-bind" not in script("local")
+    assert "\nsrun --kill-on-bad-exit=1 " in script("slurm-gpu", srun_mpi="")  # no flag: the site's MpiDefault
+    assert "\nsrun --mpi=cray_shasta --kill-on-bad-exit=1 " in script("slurm-gpu", srun_mpi="cray_shasta")
+
+
+def test_perlmutter_gives_every_rank_its_nodes_gpus_one_by_wrapper_cray_mpich_with_gtl_and_the_nccl_plugin():
+    text = script("perlmutter")
+    for line in ("--nodes=2", "--ntasks-per-node=4", "--cpus-per-task=32", "--gpus-per-node=4", "--account=proj1"):
+        assert f"\n#SBATCH {line}\n" in text, line
+    assert "\n#SBATCH --constraint=gpu\n" in text and "\n#SBATCH --qos=regular\n" in text
+    assert "--partition" not in text
+    launch = (
+        "\nsrun --mpi=cray_shasta --kill-on-bad-exit=1 --cpus-per-task=32 --gpu-bind=none --cpu-bind=cores "
+        "launch/gpu_affinity_reversed.sh 4 python -m apps.moe "
+    )
+    assert launch in text and "--gpus-per-task" not in text  # no cgroup per rank: Cray MPICH's CUDA IPC works
+    # Cray MPICH takes GPU buffers through its GTL, which craype-accel-nvidia80 puts in reach
+    assert "\nMPICH_GPU_SUPPORT_ENABLED=1\n" in text
+    assert "\nmodule load PrgEnv-gnu cudatoolkit craype-accel-nvidia80 nccl\n" in text
+    exported = text.split("\nexport LOCAL_WORLD_SIZE ", 1)[1].split("\n")[0].split()
+    nccl = {"NCCL_NET": "'AWS Libfabric'", "NCCL_NET_GDR_LEVEL": "PHB", "NCCL_CROSS_NIC": "1",
+            "FI_CXI_DISABLE_HOST_REGISTER": "1", "FI_MR_CACHE_MONITOR": "userfaultfd",
+            "FI_CXI_DEFAULT_CQ_SIZE": "131072"}  # fmt: skip
+    for key, value in nccl.items():
+        assert f"\n{key}={value}\n" in text and key in exported, key
+    assert f"\nunset {' '.join(nccl)}\n" in script("perlmutter", nccl_plugin_off=True)
 
 
 def test_lassen_uses_bsub_and_jsrun_with_the_bank_a_resource_set_per_gpu_and_gpu_smpiargs():
@@ -92,7 +123,8 @@ def test_polaris_pbs_uses_select_walltime_mpiexec_a_gpu_per_rank_and_cray_mpich_
     assert "#PBS -l select=2:system=polaris" in text and "#PBS -l walltime=1:00:00" in text
     assert "#PBS -A proj1" in text and "#PBS -l filesystems=home:eagle" in text
     assert (
-        "\nmpiexec -n 8 --ppn 4 --depth 8 --cpu-bind depth launch/gpu_affinity_polaris.sh python -m apps.moe " in text
+        "\nmpiexec -n 8 --ppn 4 --depth 8 --cpu-bind depth launch/gpu_affinity_reversed.sh 4 python -m apps.moe "
+        in text
     )
     assert "\nMPICH_GPU_SUPPORT_ENABLED=1\n" in text and "\nmodule load conda craype-accel-nvidia80\n" in text
 
@@ -134,16 +166,19 @@ def test_polaris_puts_alcfs_nccl_plugin_and_settings_in_the_script_and_one_switc
     assert "NCCL_NET" not in script("lassen")  # a system that names no plugin sets none
 
 
-def test_polaris_gpu_wrapper_gives_each_local_rank_one_gpu_in_alcfs_reverse_order():
-    wrapper = os.path.join(REPO, "launch", "gpu_affinity_polaris.sh")
+@pytest.mark.parametrize("variable", ["PMI_LOCAL_RANK", "SLURM_LOCALID"])  # Cray PALS (Polaris), srun (Perlmutter)
+def test_gpu_wrapper_gives_each_local_rank_one_gpu_in_reverse_order(variable):
+    wrapper = os.path.join(REPO, "launch", "gpu_affinity_reversed.sh")
     seen = []
     for local_rank in range(5):
-        env = {"PATH": os.environ["PATH"], "PMI_LOCAL_RANK": str(local_rank)}
+        env = {"PATH": os.environ["PATH"], variable: str(local_rank)}
         proc = subprocess.run(
-            [wrapper, "sh", "-c", "echo $CUDA_VISIBLE_DEVICES"], env=env, capture_output=True, text=True
+            [wrapper, "4", "sh", "-c", "echo $CUDA_VISIBLE_DEVICES"], env=env, capture_output=True, text=True
         )
         seen.append(proc.stdout.strip())
     assert seen == ["3", "2", "1", "0", "3"]
+    proc = subprocess.run([wrapper, "4", "true"], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True)
+    assert proc.returncode != 0 and "no local rank" in proc.stderr
 
 
 def test_every_script_sets_up_the_environment_the_trainers_read():
@@ -186,7 +221,11 @@ def test_a_system_naming_the_fast_interface_sends_gloo_nccl_and_open_mpi_over_it
         ("scheduler: sge\n", "bad value 'sge' for key 'scheduler' in .*; choose one of slurm, lsf, pbs, cobalt"),
         ("scheduler: slurm\nranks_per_node: 0\n", "bad value 0 for key 'ranks_per_node' in .*: must be >= 1"),
         ("scheduler: slurm\ncpus_per_task: two\n", "bad value for key 'cpus_per_task' in .*: Value 'two'"),
-        ("scheduler: slurm\nsrun_mpi: pmi3\n", "choose one of pmix, pmi2, none"),
+        ("scheduler: slurm\nsrun_mpi: pmi3\n", "choose one of pmix, pmi2, cray_shasta, none, ''"),
+        (
+            "scheduler: slurm\ngpu_bind: single\n",
+            "bad value 'single' for key 'gpu_bind' in .*; choose one of per_task, none",
+        ),
         ("scheduler: pbs\n", "pbs jobs need a project to charge; give --account"),
         ("ranks_per_node: 4\ngpus_per_node: 8\n", "bad value 8 for key 'gpus_per_node' in .*: 0 or ranks_per_node"),
     ],
