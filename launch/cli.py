@@ -84,7 +84,8 @@ def submit_main(command: str, argv: list[str]) -> int:
         f.write(job_id + "\n")
     log = os.path.join(job_dir, SCHEDULER_LOG[system.scheduler].replace("%j", job_id).replace("%J", job_id))
     print(f"submitted job {job_id} ({system.scheduler}): {job.ranks} ranks of apps.{app} on {system.name}")
-    print(f"log:     {shown(log)}")
+    also = " (its stderr: job.error; Cobalt's record: job.cobaltlog)" if system.scheduler == "cobalt" else ""
+    print(f"log:     {shown(log)}{also}")
     run_dir = resume_dir or os.path.join(job_dir, f"{app}-{job_id}")
     print(f"run dir: {shown(run_dir)} (metrics.jsonl, summary.json)")
     return 0

@@ -56,7 +56,10 @@ FIRST_NODE = {
     "cobalt": 'head -n 1 "$COBALT_NODEFILE"',
 }
 # Where the scheduler writes the job's own output (%j / %J: the job id where it substitutes one).
-SCHEDULER_LOG = {"slurm": "job-%j.out", "lsf": "job-%J.out", "pbs": "job.out", "cobalt": "job"}
+# Cobalt's -O names a prefix: the job's stdout goes to <prefix>.output, its stderr to .error and
+# Cobalt's own record of the submission to .cobaltlog (ALCF's ThetaGPU "Job and queue scheduling").
+SCHEDULER_LOG = {"slurm": "job-%j.out", "lsf": "job-%J.out", "pbs": "job.out", "cobalt": "job.output"}
+COBALT_PREFIX = "job"
 
 
 def _directives(job: Job) -> list[str]:
@@ -84,7 +87,7 @@ def _directives(job: Job) -> list[str]:
         lines = [f"-N {job.name}", f"-l {select}", f"-l walltime={time}", f"-A {s.account}", f"-o {log}", "-j oe"]
         lines += [f"-q {queue}"] if queue else []
     else:  # cobalt
-        lines = [f"-n {job.nodes}", f"-t {time}", f"-A {s.account}", f"-O {log}"]
+        lines = [f"-n {job.nodes}", f"-t {time}", f"-A {s.account}", f"-O {os.path.join(job.job_dir, COBALT_PREFIX)}"]
         lines += [f"-q {queue}"] if queue else []
     prefix = {"slurm": "#SBATCH", "lsf": "#BSUB", "pbs": "#PBS", "cobalt": "#COBALT"}[s.scheduler]
     return [f"{prefix} {line}" for line in lines + list(s.directives)]
@@ -153,7 +156,10 @@ def _launcher(job: Job, exported: list[str]) -> str:
         words = ["mpiexec", f"-n {job.ranks} --ppn {s.ranks_per_node} --depth {s.cpus_per_task} --cpu-bind depth"]
     else:  # cobalt: Open MPI's mpirun forwards only the variables named with -x to other nodes
         forward = " ".join(f"-x {key}" for key in ["PATH", "LD_LIBRARY_PATH", *exported])
-        words = ["mpirun", f'-np {job.ranks} -npernode {s.ranks_per_node} --hostfile "$COBALT_NODEFILE" {forward}']
+        # a node's ranks in local-rank order and unbound: the rank wrapper binds each to its GPU's
+        # cores (launch/gpu_numa_bind.sh), which no --map-by can name on a DGX
+        place = f"--map-by ppr:{s.ranks_per_node}:node --bind-to none"
+        words = ["mpirun", f'-np {job.ranks} {place} --hostfile "$COBALT_NODEFILE" {forward}']
     return " ".join(words + ([s.launcher_args] if s.launcher_args else []))
 
 

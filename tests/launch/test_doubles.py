@@ -17,10 +17,12 @@ import socket
 import sys
 
 import pytest
+from omegaconf import OmegaConf
 
+from launch.cli import main
 from launch.scripts import SCHEDULER_LOG, Job, write_script
 from launch.submit import job_state, submit, wait
-from launch.systems import load_system
+from launch.systems import SYSTEMS_DIR, load_system
 
 DOUBLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "doubles")
 
@@ -42,7 +44,7 @@ def test_rank_discovery_end_to_end_under_scheduler_test_doubles(system, launcher
     # what launch submit --wait reads: Cobalt's qstat lists live jobs only, so an ended one is gone
     assert wait(s.scheduler, [job_id], 30, poll_s=0.1) == {job_id: "GONE" if s.scheduler == "cobalt" else "DONE"}
 
-    log_name = SCHEDULER_LOG[s.scheduler].replace("%J", job_id) + (".output" if s.scheduler == "cobalt" else "")
+    log_name = SCHEDULER_LOG[s.scheduler].replace("%J", job_id)  # Cobalt's: job.output
     with open(os.path.join(job.job_dir, log_name)) as f:
         text = f.read()
     if s.scheduler == "cobalt":
@@ -71,8 +73,9 @@ def test_rank_discovery_end_to_end_under_scheduler_test_doubles(system, launcher
             # ALCF's NCCL plugin reaches every rank: NCCL_NET and the library path that holds the plugin
             assert "NCCL_NET=AWS Libfabric FI_MR_CACHE_MONITOR=userfaultfd" in seen, seen
             assert "LD_LIBRARY_PATH=/soft/libraries/aws-ofi-nccl/v1.9.1-aws/lib:/soft/libraries/hwloc/lib" in seen
-    else:  # mpirun forwards the MVAPICH2-GDR switch to every node
+    else:  # mpirun forwards the MVAPICH2-GDR switch to every node; the wrapper binds each rank's cores
         assert "-x MV2_USE_CUDA" in given
+        assert "--map-by ppr:2:node --bind-to none --hostfile" in given and " launch/gpu_numa_bind.sh " in given
         assert all("MV2_USE_CUDA=1" in seen for seen in gpu_env.values())
 
 
@@ -92,6 +95,21 @@ def test_polaris_without_the_nccl_plugin_leaves_no_nccl_setting_on_any_rank_not_
     for seen in gpu_env.values():
         assert "NCCL_NET= FI_MR_CACHE_MONITOR= " in seen and "aws-ofi-nccl" not in seen, seen
         assert "MPICH_GPU_SUPPORT_ENABLED=1" in seen
+
+
+def test_submit_on_cobalt_names_the_log_cobalt_writes(tmp_path, doubles, capsys):
+    # Cobalt's -O is a prefix: the job's output lands in <prefix>.output, its errors in .error
+    system = tmp_path / "thetagpu.yaml"
+    cfg = OmegaConf.load(os.path.join(SYSTEMS_DIR, "thetagpu.yaml"))
+    cfg.preamble = [f"export PATH={DOUBLES}:{os.path.dirname(sys.executable)}:$PATH"]
+    cfg.ranks_per_node, cfg.gpus_per_node, cfg.cpus_per_task = 2, 2, 1
+    OmegaConf.save(cfg, system)
+    args = ["--system", str(system), "--nodes", "1", "--account", "proj1", "--out", str(tmp_path / "runs"), "--quiet"]
+    assert main(["submit", *args, "--", "moe", "--help"]) == 0
+    out = capsys.readouterr().out
+    log = re.search(r"^log: +(\S+) \(its stderr: job.error; Cobalt's record: job.cobaltlog\)$", out, re.M).group(1)
+    assert os.path.basename(log) == "job.output", out
+    assert "job " in open(log).read()  # the script's own line: "job <id>: 4 ranks of apps.moe ..."
 
 
 @pytest.mark.parametrize("scheduler", ["lsf", "pbs", "cobalt"])

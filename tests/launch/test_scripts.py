@@ -113,7 +113,10 @@ def test_lassen_uses_bsub_and_jsrun_with_the_bank_a_resource_set_per_gpu_and_gpu
 def test_thetagpu_cobalt_charges_the_project_and_runs_mpirun_on_the_node_file():
     text = script("thetagpu")
     assert "#COBALT -A proj1" in text and "#COBALT -t 60" in text
-    assert 'mpirun -np 16 -npernode 8 --hostfile "$COBALT_NODEFILE" -x PATH' in text
+    assert "\n#COBALT -O /tmp/job/job\n" in text  # a prefix: job.output, job.error, job.cobaltlog
+    # a node's 8 ranks in order and unbound by mpirun; the wrapper binds each to its GPU's cores
+    assert 'mpirun -np 16 --map-by ppr:8:node --bind-to none --hostfile "$COBALT_NODEFILE" -x PATH' in text
+    assert " launch/gpu_numa_bind.sh python -m apps.moe " in text
     assert "-x MASTER_PORT" in text and "-x TORCH_EXTENSIONS_DIR" in text
     assert "\nMV2_USE_CUDA=1\n" in text and "-x MV2_USE_CUDA " in text  # MVAPICH2-GDR's GPU switch, on every node
 
@@ -179,6 +182,38 @@ def test_gpu_wrapper_gives_each_local_rank_one_gpu_in_reverse_order(variable):
     assert seen == ["3", "2", "1", "0", "3"]
     proc = subprocess.run([wrapper, "4", "true"], env={"PATH": os.environ["PATH"]}, capture_output=True, text=True)
     assert proc.returncode != 0 and "no local rank" in proc.stderr
+
+
+def test_gpu_numa_wrapper_binds_each_local_rank_to_the_cores_of_its_gpu(tmp_path):
+    # a copy of sysfs' PCI device tree: two NVIDIA 3D controllers whose cores are the other way
+    # round (GPU 0 nearest core 1), a NIC, and an NVIDIA bridge (an NVSwitch) that is no GPU
+    devices = {
+        "0000:07:00.0": ("0x10de", "0x030200", "1"),
+        "0000:0f:00.0": ("0x10de", "0x030200", "0"),
+        "0000:0c:00.0": ("0x15b3", "0x020700", "0-1"),
+        "0000:c1:00.0": ("0x10de", "0x068000", "0-1"),
+    }
+    for address, (vendor, cls, cpus) in devices.items():
+        (tmp_path / address).mkdir()
+        for name, value in (("vendor", vendor), ("class", cls), ("local_cpulist", cpus)):
+            (tmp_path / address / name).write_text(value + "\n")
+    wrapper = os.path.join(REPO, "launch", "gpu_numa_bind.sh")
+    show = ["sh", "-c", 'grep Cpus_allowed_list /proc/self/status | cut -f2; echo "$CUDA_DEVICE_ORDER"']
+    seen = []
+    for local_rank in range(3):
+        env = {
+            "PATH": os.environ["PATH"],
+            "MCR_SYSFS_PCI": str(tmp_path),
+            "OMPI_COMM_WORLD_LOCAL_RANK": str(local_rank),
+        }
+        proc = subprocess.run([wrapper, *show], env=env, capture_output=True, text=True, check=True)
+        seen.append(proc.stdout.split())
+    assert seen == [["1", "PCI_BUS_ID"], ["0", "PCI_BUS_ID"], ["1", "PCI_BUS_ID"]]  # GPU (local rank % 2)'s cores
+    # where the rank sees chosen GPUs only, it runs as placed
+    env["CUDA_VISIBLE_DEVICES"] = "1"
+    placed = subprocess.run(show, env=env, capture_output=True, text=True, check=True).stdout.split()[0]
+    proc = subprocess.run([wrapper, *show], env=env, capture_output=True, text=True, check=True)
+    assert proc.stdout.split()[0] == placed
 
 
 def test_every_script_sets_up_the_environment_the_trainers_read():
