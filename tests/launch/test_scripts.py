@@ -41,6 +41,49 @@ def test_every_system_writes_a_script_that_shellcheck_accepts(system, tmp_path):
     assert proc.returncode == 0, proc.stdout
 
 
+def written(tmp_path, *args) -> str:
+    """`python -m launch script ... -- moe`'s job script."""
+    assert main(["script", *args, "--out", str(tmp_path), "--quiet", "--", "moe"]) == 0
+    (job_dir,) = [d for d in tmp_path.iterdir() if d.is_dir()]
+    return (job_dir / "job.sh").read_text()
+
+
+def test_the_command_line_changes_a_system_for_one_job_and_the_script_stays_valid(tmp_path):
+    text = written(
+        tmp_path, "--system", "polaris", "--nodes", "2", "--account", "proj1",
+        "--module", "cudatoolkit", "--module", "nccl", "--preamble", "ulimit -c 0",
+        "--env", "NCCL_COLLNET_ENABLE=", "--env", "NCCL_CROSS_NIC=0", "--env", "MY_FLAG=a b",
+        "--directive", "-l place=excl", "--launcher-args=--label --no-transfer",
+    )  # fmt: skip
+    setup = text.split('source "$HOME/venvs/mcr-dl/bin/activate"\n', 1)[1]
+    assert setup.startswith("module load cudatoolkit\nmodule load nccl\nulimit -c 0\n")  # after the file's own
+    assert "\n#PBS -l place=scatter\n#PBS -l place=excl\n" in text
+    assert "\nunset NCCL_COLLNET_ENABLE\n" in text and "NCCL_COLLNET_ENABLE=1" not in text  # NAME= unsets
+    assert "\nNCCL_CROSS_NIC=0\n" in text and "\nMY_FLAG='a b'\n" in text  # the file's value replaced; a new one
+    exported = text.split("\nexport LOCAL_WORLD_SIZE ", 1)[1].split("\n")[0].split()
+    assert {"NCCL_CROSS_NIC", "MY_FLAG"} <= set(exported) and "NCCL_COLLNET_ENABLE" not in exported
+    assert "\nmpiexec -n 8 --ppn 4 --depth 8 --cpu-bind depth --label --no-transfer launch/" in text
+    path = next(tmp_path.glob("*/job.sh"))
+    subprocess.run(["bash", "-n", str(path)], check=True)
+    if shutil.which("shellcheck"):
+        proc = subprocess.run(["shellcheck", "-S", "warning", str(path)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout
+
+
+def test_modules_added_to_a_system_without_a_preamble_keep_the_venv_that_wrote_the_script(tmp_path):
+    text = written(tmp_path, "--system", "local", "--nodes", "1", "--module", "gcc")
+    venv = os.path.dirname(sys.executable)
+    assert f"\nmodule load gcc\nexport PATH={venv}:$PATH\n" in text  # after the module: its python stays first
+
+
+@pytest.mark.parametrize("bad", ["NOVALUE", "1X=2", "A-B=1"])
+def test_a_bad_env_setting_is_refused_naming_the_form(tmp_path, capsys, bad):
+    args = ["script", "--system", "local", "--nodes", "1", "--env", bad, "--out", str(tmp_path), "--", "moe"]
+    assert main(args) == 2
+    assert f"--env: bad value {bad!r}; give NAME=VALUE (NAME= unsets NAME)" in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 def test_time_is_h_mm_ss_in_and_each_schedulers_form_out():
     seconds = parse_time("1:30:00")
     assert [walltime(s, seconds) for s in ("slurm", "pbs", "lsf", "cobalt")] == ["1:30:00", "1:30:00", "1:30", "90"]
