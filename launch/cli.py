@@ -20,11 +20,11 @@ import os
 import sys
 import time
 
-from launch.options import add_job_options, check_app, new_job_dir, parse_nodes, shown, split_argv
+from launch.options import add_job_options, check_app, job_system, new_job_dir, parse_nodes, shown, split_argv
 from launch.scripts import SCHEDULER_LOG, Job, write_script
 from launch.submit import SubmitError, submit
 from launch.sweep import sweep_main
-from launch.systems import LaunchError, load_system, parse_time
+from launch.systems import LaunchError, parse_time, queue_for
 
 
 def check_resume_dir(path: str, app: str) -> str:
@@ -57,10 +57,11 @@ def submit_main(command: str, argv: list[str]) -> int:
     if len(nodes) != 1:
         parser.error("--nodes: one count for a job (sweep takes several)")
     nodes = nodes[0]
-    system = load_system(args.system, account=args.account, queue=args.queue)
+    system = job_system(args)
     app = check_app(rest[0])
     resume_dir = check_resume_dir(args.resume, app) if args.resume else ""
     seconds = parse_time(args.time)
+    rule = queue_for(system, nodes, seconds)  # before anything is written: a job no queue takes is refused
     stamp = time.strftime("%Y%m%d-%H%M%S")
     name = f"{app}-{system.name}-{nodes}n"
     job_dir = new_job_dir(os.path.abspath(args.out), f"{name}-{stamp}")
@@ -71,6 +72,10 @@ def submit_main(command: str, argv: list[str]) -> int:
     path = write_script(job)
     if not args.quiet:
         print(open(path).read())
+    if rule is not None:
+        print(
+            f"queue:   {rule.name}, chosen for {nodes} node(s) and {args.time} from {system.name}'s queues (--queue names another)"
+        )
     if command == "script" or args.dry_run:
         print(f"wrote {shown(path)} (not submitted)")
         return 0
@@ -79,7 +84,8 @@ def submit_main(command: str, argv: list[str]) -> int:
         f.write(job_id + "\n")
     log = os.path.join(job_dir, SCHEDULER_LOG[system.scheduler].replace("%j", job_id).replace("%J", job_id))
     print(f"submitted job {job_id} ({system.scheduler}): {job.ranks} ranks of apps.{app} on {system.name}")
-    print(f"log:     {shown(log)}")
+    also = " (its stderr: job.error; Cobalt's record: job.cobaltlog)" if system.scheduler == "cobalt" else ""
+    print(f"log:     {shown(log)}{also}")
     run_dir = resume_dir or os.path.join(job_dir, f"{app}-{job_id}")
     print(f"run dir: {shown(run_dir)} (metrics.jsonl, summary.json)")
     return 0

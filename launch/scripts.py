@@ -18,7 +18,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 
-from launch.systems import REPO, System, walltime
+from launch.systems import REPO, System, queue_name, walltime
 
 
 @dataclass
@@ -56,12 +56,16 @@ FIRST_NODE = {
     "cobalt": 'head -n 1 "$COBALT_NODEFILE"',
 }
 # Where the scheduler writes the job's own output (%j / %J: the job id where it substitutes one).
-SCHEDULER_LOG = {"slurm": "job-%j.out", "lsf": "job-%J.out", "pbs": "job.out", "cobalt": "job"}
+# Cobalt's -O names a prefix: the job's stdout goes to <prefix>.output, its stderr to .error and
+# Cobalt's own record of the submission to .cobaltlog (ALCF's ThetaGPU "Job and queue scheduling").
+SCHEDULER_LOG = {"slurm": "job-%j.out", "lsf": "job-%J.out", "pbs": "job.out", "cobalt": "job.output"}
+COBALT_PREFIX = "job"
 
 
 def _directives(job: Job) -> list[str]:
     s, log = job.system, os.path.join(job.job_dir, SCHEDULER_LOG[job.system.scheduler])
     time = walltime(s.scheduler, job.seconds)
+    queue = queue_name(s, job.nodes, job.seconds)
     if s.scheduler == "slurm":
         lines = [
             f"--job-name={job.name}",
@@ -73,23 +77,25 @@ def _directives(job: Job) -> list[str]:
         ]
         lines += [f"--gpus-per-node={s.gpus_per_node}"] if s.gpus_per_node else []
         lines += [f"--account={s.account}"] if s.account else []
-        lines += [f"--partition={s.queue}"] if s.queue else []
+        lines += [f"--partition={queue}"] if queue else []
     elif s.scheduler == "lsf":
         lines = [f"-J {job.name}", f"-nnodes {job.nodes}", f"-W {time}", f"-o {log}"]
         lines += [f"-G {s.account}"] if s.account else []
-        lines += [f"-q {s.queue}"] if s.queue else []
+        lines += [f"-q {queue}"] if queue else []
     elif s.scheduler == "pbs":
         select = f"select={job.nodes}{s.node_resources}"
         lines = [f"-N {job.name}", f"-l {select}", f"-l walltime={time}", f"-A {s.account}", f"-o {log}", "-j oe"]
-        lines += [f"-q {s.queue}"] if s.queue else []
+        lines += [f"-q {queue}"] if queue else []
     else:  # cobalt
-        lines = [f"-n {job.nodes}", f"-t {time}", f"-A {s.account}", f"-O {log}"]
-        lines += [f"-q {s.queue}"] if s.queue else []
+        lines = [f"-n {job.nodes}", f"-t {time}", f"-A {s.account}", f"-O {os.path.join(job.job_dir, COBALT_PREFIX)}"]
+        lines += [f"-q {queue}"] if queue else []
     prefix = {"slurm": "#SBATCH", "lsf": "#BSUB", "pbs": "#PBS", "cobalt": "#COBALT"}[s.scheduler]
     return [f"{prefix} {line}" for line in lines + list(s.directives)]
 
 
 def _exports(job: Job) -> dict[str, str]:
+    """name -> shell value of what the script exports (env beats nccl_env; an empty value is
+    left out: `_unsets` names it)."""
     s = job.system
     env = {
         "LOCAL_WORLD_SIZE": str(s.ranks_per_node),
@@ -109,14 +115,36 @@ def _exports(job: Job) -> dict[str, str]:
             "PRTE_MCA_oob_tcp_if_include",
         ):
             env[key] = nic
-    return {**env, **{key: shlex.quote(value) for key, value in s.env.items()}}
+    given = {**({} if s.nccl_plugin_off else s.nccl_env), **s.env}
+    return {**env, **{key: shlex.quote(value) for key, value in given.items() if value}}
+
+
+def _unsets(job: Job) -> list[str]:
+    """Variables the script unsets: env's empty ones, and with the NCCL plugin off its settings
+    (a site's module may set them, as Polaris' conda module does)."""
+    s = job.system
+    off = [key for key in s.nccl_env if key not in s.env] if s.nccl_plugin_off else []
+    return off + [key for key, value in s.env.items() if not value]
+
+
+def _nccl_plugin(job: Job) -> list[str]:
+    s = job.system
+    if not s.nccl_plugin or s.nccl_plugin_off:
+        return []
+    dirs = ":".join(shlex.quote(d) for d in s.nccl_plugin)
+    return [
+        "# NCCL's network plugin first on the library path (launch: --no-nccl-plugin leaves it out)",
+        f'export LD_LIBRARY_PATH={dirs}:"${{LD_LIBRARY_PATH:-}}"',
+    ]
 
 
 def _launcher(job: Job, exported: list[str]) -> str:
     s = job.system
     if s.scheduler == "slurm":
-        words = ["srun", f"--mpi={s.srun_mpi}", "--kill-on-bad-exit=1", f"--cpus-per-task={s.cpus_per_task}"]
-        words += ["--gpus-per-task=1"] if s.gpus_per_node else []  # each rank sees only its own GPU
+        words = ["srun", *([f"--mpi={s.srun_mpi}"] if s.srun_mpi else []), "--kill-on-bad-exit=1"]
+        words.append(f"--cpus-per-task={s.cpus_per_task}")
+        if s.gpus_per_node:  # per_task: each rank sees only its own GPU; none: all of its node's
+            words.append("--gpus-per-task=1" if s.gpu_bind == "per_task" else "--gpu-bind=none")
     elif s.scheduler == "lsf":  # one resource set per rank: its cores and its GPU, on one socket
         words = [
             "jsrun",
@@ -128,7 +156,10 @@ def _launcher(job: Job, exported: list[str]) -> str:
         words = ["mpiexec", f"-n {job.ranks} --ppn {s.ranks_per_node} --depth {s.cpus_per_task} --cpu-bind depth"]
     else:  # cobalt: Open MPI's mpirun forwards only the variables named with -x to other nodes
         forward = " ".join(f"-x {key}" for key in ["PATH", "LD_LIBRARY_PATH", *exported])
-        words = ["mpirun", f'-np {job.ranks} -npernode {s.ranks_per_node} --hostfile "$COBALT_NODEFILE" {forward}']
+        # a node's ranks in local-rank order and unbound: the rank wrapper binds each to its GPU's
+        # cores (launch/gpu_numa_bind.sh), which no --map-by can name on a DGX
+        place = f"--map-by ppr:{s.ranks_per_node}:node --bind-to none"
+        words = ["mpirun", f'-np {job.ranks} {place} --hostfile "$COBALT_NODEFILE" {forward}']
     return " ".join(words + ([s.launcher_args] if s.launcher_args else []))
 
 
@@ -162,6 +193,8 @@ def job_script(job: Job) -> str:
         f"RUN_DIR={shlex.quote(job.resume_dir)}" if job.resume_dir else f'RUN_DIR="$JOB_DIR/{job.app}-$JOB_ID"',
         f"cd {shlex.quote(REPO)}",
         *setup,
+        *_nccl_plugin(job),
+        *([f"unset {' '.join(unsets)}"] if (unsets := _unsets(job)) else []),
         *(f"{key}={value}" for key, value in exports.items()),
         f"export {' '.join(exports)}",
         *seed_cache,

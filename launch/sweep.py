@@ -3,10 +3,13 @@
     python -m launch sweep --system local --app moe --nodes 1 --backends gloo,mpi,auto \\
         -- --config configs/moe/tiny.yaml train.steps=20
 
-Submits every job, waits for them with a deadline (jobs still queued or running then are
-cancelled), gathers each run's summary.json into one table (sweep.txt, sweep.json) and a PNG
+Submits the jobs, as many at once as each queue takes from one user (a system's `queues`:
+Polaris' debug-scaling holds one) and `--max-jobs` allows, waits for them with a deadline (jobs
+still queued or running then are cancelled, later ones are not submitted), gathers each run's summary.json into one table (sweep.txt, sweep.json) and a PNG
 (throughput, and the gain over each single backend, against node count, like the MCR-DL
-paper's figures), and names every failed job with its log.
+paper's figures), and names every failed job with its log. A refused submit cancels the jobs
+the sweep had submitted and says which it cancelled and which it could not. `--dry-run` writes
+every job script and submits none.
 """
 
 from __future__ import annotations
@@ -15,12 +18,13 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import time
 
-from launch.options import add_job_options, check_app, new_job_dir, parse_nodes, split_argv
+from launch.options import add_job_options, check_app, job_system, new_job_dir, parse_nodes, shown, split_argv
 from launch.scripts import SCHEDULER_LOG, Job, write_script
-from launch.submit import cancel_command, submit, wait
-from launch.systems import LaunchError, load_system, parse_time
+from launch.submit import SubmitError, cancel_command, job_state, submit
+from launch.systems import LaunchError, parse_time, queue_for
 
 
 def single_backends(backends) -> list:
@@ -58,7 +62,8 @@ def table(rows: list[dict]) -> str:
         head = f"{r['nodes']:>5}{r['ranks']:>6}  {r['backend']:<8}"
         s = r["summary"]
         if not s:
-            lines.append(f"{head}{'failed':>12}  (job {r['job_id']}, {r['state']}; log {r['log']})")
+            why = f"job {r['job_id']}, {r['state']}; log {r['log']}" if r["job_id"] else r["state"]
+            lines.append(f"{head}{'failed':>12}  ({why})")
             continue
         comm = f"{s['comm_ms']:>9.1f}" if s.get("comm_ms") is not None else f"{'-':>9}"
         gains = ""
@@ -116,12 +121,20 @@ def sweep_main(argv: list[str]) -> int:
         help="comm.backend of each job: auto or a backend (gloo, mpi, nccl: mcr.backends)",
     )
     parser.add_argument("--deadline", default="1:00:00", help="stop waiting after this long, h:mm:ss")
+    parser.add_argument(
+        "--max-jobs",
+        type=int,
+        default=0,
+        help="at most this many of the sweep's jobs queued or running at once (default 0: only the queues' limits)",
+    )
+    parser.add_argument("--dry-run", action="store_true", help="write every job script, submit none")
     args = parser.parse_args(own)
     nodes = parse_nodes(args.nodes)
     backends = check_backends(args.backends.split(","))
     app = check_app(args.app)
-    system = load_system(args.system, account=args.account, queue=args.queue)
+    system = job_system(args)
     seconds, deadline = parse_time(args.time), parse_time(args.deadline)
+    rules = {n: queue_for(system, n, seconds) for n in nodes}  # a node count no queue takes: refused here
 
     sweep_dir = new_job_dir(os.path.abspath(args.out), f"sweep-{app}-{system.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     rows = []
@@ -131,19 +144,41 @@ def sweep_main(argv: list[str]) -> int:
             job = Job(
                 system, n, seconds, job_dir, f"{app}-{n}n-{backend}", app, [*trainer_args, f"comm.backend={backend}"]
             )
-            job_id = submit(system.scheduler, write_script(job), cwd=job_dir)
-            log = os.path.join(job_dir, SCHEDULER_LOG[system.scheduler].replace("%j", job_id).replace("%J", job_id))
-            rows.append({"nodes": n, "ranks": job.ranks, "backend": backend, "job_id": job_id, "log": log})
-            rows[-1]["run_dir"] = os.path.join(job_dir, f"{app}-{job_id}")
-            print(f"sweep: {n} node(s) x {backend}: job {job_id}", flush=True)
-    print(f"sweep: waiting for {len(rows)} jobs (deadline {args.deadline}) in {sweep_dir}", flush=True)
-    states = wait(system.scheduler, [r["job_id"] for r in rows], deadline)
+            rule = rules[n]
+            rows.append(
+                {
+                    "nodes": n,
+                    "ranks": job.ranks,
+                    "backend": backend,
+                    "queue": rule.name if rule else system.queue,
+                    "jobs_per_user": rule.jobs_per_user if rule else 0,
+                    "script": write_script(job),
+                    "job_id": None,
+                    "state": "not submitted",
+                    "log": None,
+                    "run_dir": None,
+                }
+            )
+    if args.dry_run:
+        for r in rows:
+            queue = f"queue {r['queue']}" if r["queue"] else "the default queue"
+            print(f"sweep: {r['nodes']} node(s) x {r['backend']} ({queue}): {shown(r['script'])}")
+        print(f"sweep: wrote {len(rows)} job scripts in {shown(sweep_dir)} (not submitted)")
+        return 0
+    print(f"sweep: {len(rows)} jobs (deadline {args.deadline}) in {sweep_dir}", flush=True)
+    try:
+        run_in_turn(system.scheduler, rows, app, deadline, args.max_jobs)
+    except SubmitError as exc:
+        print(f"sweep: {exc}", file=sys.stderr)
+        print(f"sweep: {cancel_submitted(system.scheduler, rows)}", file=sys.stderr)
+        return 2
     for r in rows:
-        r["state"] = states[r["job_id"]]
-        if r["state"] in ("PENDING", "RUNNING"):
+        if r["job_id"] is not None and r["state"] in ("PENDING", "RUNNING"):
             subprocess.run(cancel_command(system.scheduler, r["job_id"]), capture_output=True)
             r["state"] += ", cancelled at the deadline"
-        path = os.path.join(r["run_dir"], "summary.json")
+        elif r["job_id"] is None:
+            r["state"] = "not submitted before the deadline"
+        path = os.path.join(r["run_dir"] or sweep_dir, "summary.json")
         r["summary"] = json.load(open(path)) if r["state"] in ("DONE", "GONE") and os.path.exists(path) else None
 
     title = f"{app} on {system.name}"
@@ -160,3 +195,62 @@ def sweep_main(argv: list[str]) -> int:
         print(f"sweep: job {r['job_id']} ({r['nodes']} node(s), {r['backend']}) failed: {r['state']}; log {r['log']}")
     print(f"sweep: table and plot in {sweep_dir} (sweep.txt, sweep.json, sweep.png)")
     return 1 if failed else 0
+
+
+def run_in_turn(scheduler: str, rows: list[dict], app: str, deadline_s: float, max_jobs: int = 0, poll_s=2.0):
+    """Submit each row's script once its queue has room, and follow the jobs until all have ended
+    or the deadline passes. Room: fewer of the sweep's live jobs in the row's queue than the queue's
+    `jobs_per_user` (Polaris' debug-scaling holds one), and fewer live jobs in all than `max_jobs`
+    (0: no such limit). A refused submit raises SubmitError; the rows say which jobs were submitted."""
+    end = time.monotonic() + deadline_s
+    waiting, live = list(rows), []
+    while True:
+        for r in list(waiting):
+            in_queue = sum(1 for other in live if other["queue"] == r["queue"])
+            if (r["jobs_per_user"] and in_queue >= r["jobs_per_user"]) or (max_jobs and len(live) >= max_jobs):
+                continue
+            job_dir = os.path.dirname(r["script"])
+            try:
+                r["job_id"] = submit(scheduler, r["script"], cwd=job_dir)
+            except SubmitError as exc:
+                raise SubmitError(f"the job for {r['nodes']} node(s) x {r['backend']} was refused: {exc}") from None
+            r["state"] = "PENDING"
+            log = SCHEDULER_LOG[scheduler].replace("%j", r["job_id"]).replace("%J", r["job_id"])
+            r["log"], r["run_dir"] = os.path.join(job_dir, log), os.path.join(job_dir, f"{app}-{r['job_id']}")
+            waiting.remove(r)
+            live.append(r)
+            print(f"sweep: {r['nodes']} node(s) x {r['backend']}: job {r['job_id']}", flush=True)
+        for r in list(live):
+            state = job_state(scheduler, r["job_id"])
+            if state is not None:  # no answer: ask again at the next poll
+                r["state"] = state
+            if r["state"] not in ("PENDING", "RUNNING"):
+                live.remove(r)
+        if not (waiting or live) or time.monotonic() > end:
+            return
+        time.sleep(poll_s)
+
+
+def cancel_submitted(scheduler: str, rows: list[dict]) -> str:
+    """Cancel the sweep's jobs that may still be queued or running; say which were cancelled,
+    which had ended, and which could not be cancelled (with the command to do it by hand)."""
+    cancelled, ended, left = [], [], []
+    for r in rows:
+        if r["job_id"] is None:
+            continue
+        name = f"{r['job_id']} ({r['nodes']} node(s) x {r['backend']})"
+        if r["state"] not in ("PENDING", "RUNNING"):
+            ended.append(f"{name}: {r['state']}")
+            continue
+        cmd = cancel_command(scheduler, r["job_id"])
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode == 0:
+            cancelled.append(name)
+        elif (state := job_state(scheduler, r["job_id"])) not in (None, "PENDING", "RUNNING"):
+            ended.append(f"{name}: {state}")  # it ended between the last look and the cancel
+        else:
+            left.append(f"{name} may still run: `{' '.join(cmd)}` said {(proc.stderr or proc.stdout).strip()!r}")
+    parts = [f"cancelled {', '.join(cancelled)}" if cancelled else "no job of this sweep was queued or running"]
+    parts += [f"ended before: {', '.join(ended)}"] if ended else []
+    parts += [f"NOT cancelled: {'; '.join(left)}"] if left else []
+    return "; ".join(parts)

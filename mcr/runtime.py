@@ -81,8 +81,8 @@ class Runtime:
         self.info = info
         self.rank = info.rank
         self.world_size = info.world_size
-        self.device = streams.bind_device(info.local_rank)  # before MPI and NCCL start (None: no GPU)
-        started = startup.start(cfg, info, store, op_timeout_s)
+        started = startup.start(cfg, info, store, op_timeout_s)  # binds the device, before MPI or after (jsrun)
+        self.device = streams.bound_device()  # None: no GPU
         self.backends, self.unavailable = started.backends, started.unavailable  # unavailable: name -> why
         self.store, self.topology, self.shape = started.store, started.topology, started.shape
 

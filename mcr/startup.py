@@ -2,7 +2,9 @@
 the tuning table checked against the job's shape, and what rank 0 says at start-up. `Runtime`
 runs ops on what `start()` returns; nothing here is on an op's path.
 
-The order matters: backends that need no store start first (MPI, which can hand out the store's
+The order matters: the device is bound first (`bind_device`: an MPI that sets up CUDA in MPI_Init
+does it on the current device), except under jsrun with one GPU per rank, where MPI comes first
+(`binds_after_mpi`); then backends that need no store start (MPI, which can hand out the store's
 address), then the store, the hostnames (the job's shape), the network check and the table (both
 may refuse the job: every rank refuses alike, before gloo connects), then the backends that
 rendezvous on the store (gloo, nccl).
@@ -17,6 +19,7 @@ import sys
 from datetime import timedelta
 from typing import NamedTuple
 
+import torch
 import torch.distributed as dist
 
 from . import env as launch_env
@@ -43,12 +46,17 @@ def start(cfg, info: launch_env.LaunchInfo, store=None, op_timeout_s=None) -> St
     """`op_timeout_s`: torch's process-group timeout, after which a gloo or nccl op raises
     (default: the watchdog's, or torch's own where the watchdog is off); MPI has none."""
     backends, unavailable = {}, {}
+    after_mpi = binds_after_mpi(os.environ, visible_gpus())
+    if not after_mpi:
+        streams.bind_device(info.local_rank)  # before MPI and NCCL start (None: no GPU)
     wanted = cfg.backend_names()
     netcheck.check_names(os.environ, spans_nodes=info.local_world_size < info.world_size)
     table = read_table(cfg)
     # a watchdog of 0 is off, not a zero timeout (gloo's groups then failed to form)
     timeout_s = op_timeout_s or cfg.watchdog_timeout_s or dist.default_pg_timeout.total_seconds()
     start_backends(backends, unavailable, wanted, info, None, timeout_s, cfg)  # no store: they may give its address
+    if after_mpi:
+        streams.bind_device(info.local_rank)  # the one GPU it sees, now that MPI has started
     if store is None:
         store = make_store(info, backends.get("mpi"), unavailable.get("mpi"))
     # every rank's node, once: from the hostnames, whatever the launcher said about local ranks;
@@ -65,6 +73,23 @@ def start(cfg, info: launch_env.LaunchInfo, store=None, op_timeout_s=None) -> St
     table = fit_table(table, cfg, shape)  # before gloo starts: a refused table stops every rank alike
     start_backends(backends, unavailable, wanted, info, store, timeout_s, cfg)
     return Started(backends, unavailable, store, topology, shape, table)
+
+
+def binds_after_mpi(env, gpus: int) -> bool:
+    """Whether this rank binds its GPU only after MPI has started: under jsrun (Spectrum MPI: its
+    JSM_NAMESPACE_* variables, beside the OMPI_COMM_WORLD_* that name the launcher) where it sees
+    one GPU. Spectrum's CUDA hook, which its CUDA-aware path (`--smpiargs="-gpu"`) depends on,
+    records GPU memory from MPI_Init on, and OLCF's guide says no CUDA call may come before MPI_Init
+    there (docs.olcf.ornl.gov, Summit user guide, "CUDA hook error when program uses CUDA without
+    first calling MPI_Init()"). With one GPU per resource set MPI_Init finds that GPU current anyway,
+    and NCCL needs the device only before its communicators, which start after MPI. Elsewhere the
+    device comes first: Open MPI's smcuda and PSM2 set up CUDA in MPI_Init on the current device."""
+    return "JSM_NAMESPACE_RANK" in env and gpus == 1
+
+
+def visible_gpus() -> int:
+    """The GPUs this process sees, counted without a CUDA context (torch asks NVML first; 0 without CUDA)."""
+    return torch.cuda.device_count()
 
 
 def start_backends(backends, unavailable, wanted, info, store, timeout_s, cfg=None) -> None:

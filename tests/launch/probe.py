@@ -5,7 +5,8 @@ other overrides a job script appends for trainers, out_dir= and name=, are ignor
 all-gathers (rank, local rank, local world size, world size from the launcher's view), its
 hostname and the rendezvous address its runtime really used (the store behind gloo), rendezvousing
 at the MASTER_ADDR/PORT the job script exported; rank 0 prints them, one line per rank. Every rank
-also prints the GPU variables it was started with (its GPU, its MPI's GPU switch).
+also prints the GPU variables it was started with (its GPU, its MPI's GPU switch, NCCL's
+network plugin and where the libraries are looked for).
 """
 
 import os
@@ -18,7 +19,15 @@ import mcr
 from mcr.env import discover, threads_per_rank
 
 WIDTH = 64  # bytes for each rank's hostname and rendezvous address
-GPU_VARIABLES = ("CUDA_VISIBLE_DEVICES", "OMPI_MCA_pml_pami_enable_cuda", "MPICH_GPU_SUPPORT_ENABLED", "MV2_USE_CUDA")
+GPU_VARIABLES = (
+    "CUDA_VISIBLE_DEVICES",
+    "OMPI_MCA_pml_pami_enable_cuda",
+    "MPICH_GPU_SUPPORT_ENABLED",
+    "MV2_USE_CUDA",
+    "NCCL_NET",
+    "FI_MR_CACHE_MONITOR",
+    "LD_LIBRARY_PATH",
+)
 
 
 def encoded(text: str) -> torch.Tensor:

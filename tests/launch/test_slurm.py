@@ -32,15 +32,16 @@ def system(slurm, ops_cache, tmp_path_factory):
     return write_test_system(tmp_path_factory.mktemp("system") / "local-test.yaml", ops_cache)
 
 
-def launch(slurm, cwd, *args) -> str:
-    """Run `python -m launch ...` as a user would, from `cwd`, with no venv on PATH."""
+def launch(slurm, cwd, *args, returncode=0) -> str:
+    """Run `python -m launch ...` as a user would, from `cwd`, with no venv on PATH; its stdout
+    (and its stderr, where it must end with `returncode` other than 0)."""
     env = {"PATH": "/usr/bin:/bin", "HOME": os.environ["HOME"], "SLURM_CONF": slurm.conf, "WANDB_MODE": "disabled"}
     env.update(slurm.python_env)  # the job's ranks inherit it through sbatch
     proc = subprocess.run(
         [sys.executable, "-c", LAUNCH, *args], cwd=cwd, env=env, text=True, capture_output=True, timeout=900
     )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc.stdout
+    assert proc.returncode == returncode, proc.stdout + proc.stderr
+    return proc.stdout + (proc.stderr if returncode else "")
 
 
 def submitted(output: str) -> tuple[str, str, str]:
@@ -117,21 +118,54 @@ def test_a_job_killed_mid_compile_or_mid_run_does_not_hang_the_next(slurm, syste
     assert states[job3] == "DONE", read(os.path.join(tmp_path, log3))[-4000:]
 
 
-def test_sweep_gathers_each_backends_summary_into_a_table_and_plot(slurm, system, tmp_path):
+def test_sweep_gathers_each_backends_summary_into_a_table_and_plot_one_job_at_a_time(slurm, system, tmp_path):
+    # the test partition takes one of a user's jobs at a time (as Polaris' debug-scaling): the
+    # second job is submitted only once the first has ended
+    cfg = OmegaConf.load(system)
+    cfg.queues = [{"name": "debug", "max_nodes": 1, "max_time": "1:00:00", "jobs_per_user": 1}]
+    one_at_a_time = tmp_path / "one-at-a-time.yaml"
+    OmegaConf.save(cfg, one_at_a_time)
     out = launch(
-        slurm, tmp_path, "sweep", "--system", system, "--app", "moe", "--nodes", "1", "--backends", "gloo,mpi",
-        "--time", "0:10:00", "--deadline", "0:10:00", "--out", str(tmp_path),
+        slurm, tmp_path, "sweep", "--system", str(one_at_a_time), "--app", "moe", "--nodes", "1",
+        "--backends", "gloo,mpi", "--time", "0:10:00", "--deadline", "0:10:00", "--out", str(tmp_path),
         "--", "--config", "configs/moe/tiny.yaml", "train.steps=12",
     )  # fmt: skip
     sweep_dir = re.search(r"table and plot in (\S+)", out).group(1)
     rows = json.loads(read(os.path.join(sweep_dir, "sweep.json")))
     assert [(r["nodes"], r["backend"], r["state"]) for r in rows] == [(1, "gloo", "DONE"), (1, "mpi", "DONE")]
-    for r in rows:  # each job really ran with its backend, on 2 ranks
+    for r in rows:  # each job really ran with its backend, on 2 ranks, in the queue chosen for it
         assert r["summary"]["comm_backend"] == r["backend"] and r["summary"]["world_size"] == 2
+        assert "Partition=debug " in slurm.run("scontrol", "show", "job", r["job_id"]).stdout
+    first, second = (slurm.run("scontrol", "show", "job", r["job_id"]).stdout for r in rows)
+    ended = re.search(r"EndTime=(\S+)", first).group(1)
+    submitted = re.search(r"SubmitTime=(\S+)", second).group(1)
+    assert ended <= submitted, (ended, submitted)  # ISO times: the second came after the first had ended
     lines = {line.split()[2]: line for line in read(os.path.join(sweep_dir, "sweep.txt")).splitlines()[3:]}
     tps = rows[1]["summary"]["tokens_per_s"] / rows[0]["summary"]["tokens_per_s"]
     assert lines["mpi"].split()[-2] == f"{(tps - 1) * 100:+.1f}%" and lines["gloo"].split()[-2] == "+0.0%"
     assert os.path.getsize(os.path.join(sweep_dir, "sweep.png")) > 10_000
+
+
+def test_a_sweep_whose_submit_is_refused_cancels_the_jobs_it_had_submitted_and_names_them(slurm, system, tmp_path):
+    # as Polaris' debug queue refuses 3 nodes: here the 2-node jobs go to a partition this
+    # cluster lacks, which sbatch refuses, after the 1-node job is in
+    cfg = OmegaConf.load(system)
+    cfg.queues = [
+        {"name": "debug", "max_nodes": 1, "max_time": "1:00:00"},
+        {"name": "nosuchpartition", "min_nodes": 2, "max_nodes": 4, "max_time": "1:00:00"},
+    ]
+    two_queues = tmp_path / "two-queues.yaml"
+    OmegaConf.save(cfg, two_queues)
+    err = launch(
+        slurm, tmp_path, "sweep", "--system", str(two_queues), "--app", "moe", "--nodes", "1,2", "--backends", "gloo",
+        "--time", "0:10:00", "--out", str(tmp_path), "--", "--config", "configs/moe/tiny.yaml", "train.steps=400",
+        returncode=2,
+    )  # fmt: skip
+    first = re.search(r"1 node\(s\) x gloo: job (\d+)", err).group(1)
+    assert re.search(r"the job for 2 node\(s\) x gloo was refused: sbatch .* failed .*partition", err, re.S), err
+    assert f"sweep: cancelled {first} (1 node(s) x gloo)" in err and "NOT cancelled" not in err, err
+    assert wait("slurm", [first], 60) == {first: "FAILED"}  # no longer queued or running
+    assert "JobState=CANCELLED" in slurm.run("scontrol", "show", "job", first).stdout
 
 
 def processes_under(path: str) -> list[int]:

@@ -186,7 +186,7 @@ def mpiexec(argv):  # Cray PALS, as on ALCF's PBS systems
 
 
 def mpirun(argv):  # Open MPI: other nodes see only the variables named with -x
-    world, per_node = int(option(argv, "-np")), int(option(argv, "-npernode"))
+    world, per_node = int(option(argv, "-np")), int(re.fullmatch(r"ppr:(\d+):node", option(argv, "--map-by")).group(1))
     forwarded = {argv[i + 1] for i, arg in enumerate(argv) if arg == "-x"}
     base = {key: value for key, value in os.environ.items() if key in forwarded or key == "HOME"}
 
@@ -194,7 +194,8 @@ def mpirun(argv):  # Open MPI: other nodes see only the variables named with -x
         return {"OMPI_COMM_WORLD_RANK": str(rank), "OMPI_COMM_WORLD_SIZE": str(world),
                 "OMPI_COMM_WORLD_LOCAL_RANK": str(local), "OMPI_COMM_WORLD_LOCAL_SIZE": str(per_node)}  # fmt: skip
 
-    return start_ranks(world, per_node, command_after(argv, {"-np", "-npernode", "--hostfile", "-x"}), env, base)
+    takes = {"-np", "--map-by", "--bind-to", "--hostfile", "-x"}
+    return start_ranks(world, per_node, command_after(argv, takes), env, base)
 
 
 if __name__ == "__main__":
