@@ -24,7 +24,8 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+import xml.etree.ElementTree as ElementTree
+from dataclasses import dataclass, field
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROBE_MARK = "gpu-check probe: "
@@ -37,9 +38,11 @@ class Step:
     argv: list
     timeout: int  # seconds; all together 565 s, so the check ends within a 10-minute call
     quote: str = r"(.+)"  # the summary quotes the last output line this matches (group 1)
+    junit: str = ""  # a pytest step: its --junitxml report, read for each test that did not pass
     status: str = "not run"
     seconds: float = 0.0
     note: str = ""
+    details: list = field(default_factory=list)  # lines the summary prints under the step's own
 
 
 def plan(run_dir: str, device: str) -> list:
@@ -59,12 +62,7 @@ def plan(run_dir: str, device: str) -> list:
 
     return [
         Step("start-up", [*one_rank, "tests/gpu/check.py", "--probe"], 40, NOTHING),
-        Step(
-            "tests/gpu",
-            [py, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/gpu"],
-            150,
-            r"=* ?(\d+ \w+.*?) ?=*$",
-        ),
+        pytest_step("tests/gpu", os.path.join(run_dir, "tests-gpu.xml"), ["tests/gpu"], 150),
         Step("tune", ranks + ["mcr.tools.tune", *sweep, "--out", table], 45, r"(table: .*)"),
         Step("bench", ranks + ["mcr.tools.bench", *sweep, *tuned], 45, NOTHING),
         # one rank has the GPU to itself, so NCCL is a candidate beside staged MPI and gloo
@@ -72,6 +70,51 @@ def plan(run_dir: str, device: str) -> list:
         Step("moe tiny", moe("auto"), 60, r"(done: .*)"),
         *(Step(f"moe {backend}", moe(backend), 50, r"(done: .*)") for backend in ("nccl", "mpi", "gloo")),
     ]
+
+
+def pytest_step(name: str, junit: str, args: list, timeout: int) -> Step:
+    """`pytest args` as a step whose summary names each test that did not pass (`judge_tests`)."""
+    argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}", *args]
+    return Step(name, argv, timeout, PYTEST_TOTALS, junit)
+
+
+PYTEST_TOTALS = r"=* ?(\d+ \w+.*?) ?=*$"  # pytest's last line: "14 passed, 1 skipped in 68.39s"
+
+
+def read_junit(path: str):
+    """pytest's --junitxml report as ([(test, why) failed or errors], [(test, why) skipped]), None
+    where it was not written (pytest killed or crashed). An xfail is a skip there."""
+    try:
+        root = ElementTree.parse(path).getroot()
+    except (OSError, ElementTree.ParseError):
+        return None
+    failed, skipped = [], []
+    for case in root.iter("testcase"):
+        test = "::".join(filter(None, (case.get("classname"), case.get("name"))))
+        bad = next((e for e in case if e.tag in ("failure", "error")), None)
+        skip = case.find("skipped")
+        if bad is not None:
+            failed.append((test, bad.get("message") or (bad.text or "").strip()))
+        elif skip is not None:
+            skipped.append((test, skip.get("message") or (skip.text or "").strip()))
+    return failed, skipped
+
+
+def judge_tests(step: Step, code) -> None:
+    """A pytest step's status from its report: passed only where every test ran and passed; a test
+    that skipped makes the step "skipped", never "passed", and the summary names it with why."""
+    report = read_junit(step.junit)
+    if report is None:
+        if code == 0:  # pytest exits 0 only after writing the report: a step that says so failed
+            step.status, step.note = "failed", f"exit 0 but no report at {step.junit}"
+        return
+    failed, skipped = report
+    step.details = [f"FAILED {test}: {why}" for test, why in failed]
+    step.details += [f"SKIPPED {test}: {why}" for test, why in skipped]
+    if step.status == "passed" and failed:  # not expected: pytest exits 1 then
+        step.status = "failed"
+    elif step.status == "passed" and skipped:
+        step.status = "skipped"
 
 
 def wheels_to_install(folder: str) -> list:
@@ -128,12 +171,14 @@ def run(step: Step, env: dict, log_path: str) -> list:
     quoted = [m.group(1) for m in map(re.compile(step.quote).match, lines) if m]
     if code is None:
         step.status, step.note = "failed", f"timed out after {step.timeout} s"
-    elif code == 5 and step.name == "tests/gpu":
+    elif code == 5 and step.junit:
         step.status, step.note = "skipped", "no tests collected"
     elif code == 0:
         step.status, step.note = "passed", (quoted or [""])[-1]
     else:
         step.status, step.note = "failed", f"exit {code}: " + (quoted or lines or [""])[-1]
+    if step.junit and code != 5:
+        judge_tests(step, code)
     print(f"{step.status} in {step.seconds:.0f} s", flush=True)
     return lines
 
@@ -198,7 +243,9 @@ def about_torch() -> dict:
 
 def summary(steps: list, about: dict, found: dict, run_dir: str) -> str:
     lines = [f"gpu-check summary ({run_dir})"]
-    lines += [f"  {s.name:<11} {s.status:<8} {s.seconds:5.0f} s  {s.note[:88]}" for s in steps]
+    for s in steps:
+        lines.append(f"  {s.name:<11} {s.status:<8} {s.seconds:5.0f} s  {s.note[:88]}")
+        lines += [f"      {line[:150]}" for line in s.details]
     lines.append("  " + ", ".join(f"{key} {value}" for key, value in about.items()))
     backends, unavailable = found.get("backends", {}), found.get("unavailable", {})
     mpi = backends.get("mpi") or f"not started ({unavailable.get('mpi', 'see start-up.log')})"
@@ -206,7 +253,7 @@ def summary(steps: list, about: dict, found: dict, run_dir: str) -> str:
     lines.append(f"  MPI {mpi[:100]}; CUDA-aware: {aware}")
     lines.append(f"  mcr started: {', '.join(f'{n} {v}' for n, v in backends.items()) or 'unknown'}")
     lines += [f"  mcr could not start {name}: {why[:90]}" for name, why in unavailable.items() if name != "mpi"]
-    failed = [s.name for s in steps if s.status != "passed"]
+    failed = [f"{s.name} ({s.status})" for s in steps if s.status != "passed"]
     lines.append("gpu-check: " + (f"NOT passed: {', '.join(failed)}" if failed else "all passed"))
     return "\n".join(lines)
 
