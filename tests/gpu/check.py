@@ -7,7 +7,10 @@
    one rank (where NCCL runs), and the MoE tiny preset on the GPU on backend auto and on each
    single backend. Each step's output goes to runs/gpu-check/<time>/<step>.log; a step that
    fails does not stop the others.
-4. Ends with a one-screen summary (also summary.txt there) and exits 0 only if every step passed.
+4. Runs tests/gpu once more under torch's CUDA sanitizer (TORCH_CUDA_SANITIZER=1), last, with
+   the time left, and quotes each possible data race it reported.
+5. Ends with a one-screen summary (also summary.txt there) and exits 0 only if every step passed.
+   Each step has its own time limit, and all of them together at most BUDGET seconds.
 
 Without a GPU it says so, lists what it would run and exits 2, installing nothing.
 """
@@ -30,15 +33,19 @@ from dataclasses import dataclass, field
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PROBE_MARK = "gpu-check probe: "
 NOTHING = r"(?!)"  # a step whose output has no line worth quoting in the summary
+BUDGET = 570  # seconds for the whole check, so that it ends within a 10-minute call
+RANKS_LOG = "TESTS_RANKS_LOG"  # tests/ranks.py appends every rank job's output there (the sanitizer's reports)
+CSAN_MARK = "CSAN detected a possible data race"
 
 
 @dataclass
 class Step:
     name: str
     argv: list
-    timeout: int  # seconds; all together 565 s, so the check ends within a 10-minute call
+    timeout: int  # seconds at most; less where less of the check's BUDGET is left
     quote: str = r"(.+)"  # the summary quotes the last output line this matches (group 1)
     junit: str = ""  # a pytest step: its --junitxml report, read for each test that did not pass
+    env: dict = field(default_factory=dict)  # set for this step only
     status: str = "not run"
     seconds: float = 0.0
     note: str = ""
@@ -69,7 +76,64 @@ def plan(run_dir: str, device: str) -> list:
         Step("tune 1 rank", [*one_rank, "-m", "mcr.tools.tune", *sweep, "--out", table_one], 45, r"(table: .*)"),
         Step("moe tiny", moe("auto"), 60, r"(done: .*)"),
         *(Step(f"moe {backend}", moe(backend), 50, r"(done: .*)") for backend in ("nccl", "mpi", "gloo")),
+        sanitized(pytest_step("sanitizer", os.path.join(run_dir, "sanitizer.xml"), ["tests/gpu"], 300), run_dir),
     ]
+
+
+def fits(step: Step, deadline: float) -> bool:
+    """Whether `step` can start before the check's `deadline` (time.monotonic()); its time limit
+    then ends there at the latest, and where it cannot, it is not run and says why."""
+    left = int(deadline - time.monotonic())
+    if left < 10:
+        step.note = f"no time left of the check's {BUDGET} s"
+        return False
+    step.timeout = min(step.timeout, left)
+    return True
+
+
+def sanitized(step: Step, run_dir: str) -> Step:
+    """`step` under torch's CUDA sanitizer (torch enables it at import where TORCH_CUDA_SANITIZER
+    is set, so in every rank too), each rank job's output kept for `csan_findings`."""
+    step.env = {"TORCH_CUDA_SANITIZER": "1", RANKS_LOG: os.path.abspath(os.path.join(run_dir, "sanitizer-ranks.log"))}
+    return step
+
+
+def csan_findings(text: str) -> list:
+    """Each report of CSAN (torch.cuda._sanitizer) in `text` as (the kernel that raced, the kernel
+    it raced with, where: the innermost frame of the first one's stack in this checkout). A report
+    cut short, as a failed test's message quotes one, is not counted."""
+    found = []
+    for block in text.split(CSAN_MARK)[1:]:
+        lines = block.splitlines()
+        kernels = [lines[i + 1].split("(")[0].strip() for i, line in enumerate(lines[:-1]) if "during kernel:" in line]
+        if len(kernels) < 2:
+            continue
+        now = block.split("Previous access by stream")[0]
+        frames = re.findall(r'File "([^"]+)", line (\d+)', now)
+        ours = [f"{os.path.relpath(path, REPO)}:{line}" for path, line in frames if is_ours(path)]
+        found.append((kernels[0], kernels[1], (ours or ["outside this checkout"])[-1]))
+    return found
+
+
+def is_ours(path: str) -> bool:
+    return path.startswith(REPO + os.sep) and os.sep + "site-packages" + os.sep not in path
+
+
+def sanitizer_details(step: Step, log_path: str) -> None:
+    """The summary's lines for what CSAN reported in the step's log and its ranks' output."""
+    text = ""
+    for path in (log_path, step.env[RANKS_LOG]):
+        if os.path.exists(path):
+            with open(path, errors="replace") as f:
+                text += f.read()
+    found = csan_findings(text)
+    if not found:
+        ran = " in the part that ran" if step.note.startswith("timed out") else ""
+        step.details.append(f"CSAN reported no possible data race{ran} (it sees aten kernels on main threads only)")
+        return
+    distinct = sorted(set(found), key=lambda race: -found.count(race))
+    step.details.append(f"CSAN reported {len(found)} possible data races, {len(distinct)} distinct:")
+    step.details += [f"{found.count(r)}x {r[0]} racing {r[1]}, at {r[2]}" for r in distinct[:5]]
 
 
 def pytest_step(name: str, junit: str, args: list, timeout: int) -> Step:
@@ -150,14 +214,15 @@ def prepared_env(site: str) -> dict:
 
 
 def run(step: Step, env: dict, log_path: str) -> list:
-    """Run one step, its output into `log_path`; set its status, time and note; return its lines."""
+    """Run one step in `env` and its own, its output into `log_path`; set its status, time and note;
+    return its lines."""
     print(f"gpu-check: {step.name} ...", end=" ", flush=True)
     started = time.monotonic()
     with open(log_path, "w") as log:
         log.write(" ".join(step.argv) + "\n\n")
         log.flush()
         proc = subprocess.Popen(
-            step.argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            step.argv, cwd=REPO, env={**env, **step.env}, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
             code = proc.wait(timeout=step.timeout)
@@ -278,21 +343,30 @@ def main() -> int:
         print(f"gpu-check: no GPU here ({sys.executable}: {has}); nothing installed, nothing run.")
         print(f"On a machine with one it would install what it lacks from {args.wheels}/ into {args.site}, then run:")
         for step in plan(run_dir, device):
-            print(f"  {step.name:<11} at most {step.timeout:3} s: {' '.join(step.argv[1:])}")
+            env = "".join(f"{key}={value} " for key, value in step.env.items())
+            print(f"  {step.name:<11} at most {step.timeout:3} s: {env}{' '.join(step.argv[1:])}")
         return 2
 
+    started = time.monotonic()
     os.makedirs(run_dir)
     print(f"gpu-check on {about['GPU']}, output in {run_dir}", flush=True)
     steps = [install(args.wheels, args.site, os.path.join(run_dir, "wheels.log"))]
     env = prepared_env(args.site)
     found = {}
+    deadline = started + BUDGET
     for index in range(len(plan(run_dir, device))):
         step = plan(run_dir, device)[index]  # planned when it starts: bench then finds tune's table
-        lines = run(step, env, os.path.join(run_dir, step.name.replace("/", "-").replace(" ", "-") + ".log"))
+        steps.append(step)
+        if not fits(step, deadline):
+            print(f"gpu-check: {step.name} ... {step.note}")
+            continue
+        log_path = os.path.join(run_dir, step.name.replace("/", "-").replace(" ", "-") + ".log")
+        lines = run(step, env, log_path)
         for line in lines:
             if line.startswith(PROBE_MARK):
                 found = json.loads(line[len(PROBE_MARK) :])
-        steps.append(step)
+        if RANKS_LOG in step.env:
+            sanitizer_details(step, log_path)
     text = summary(steps, about, found, run_dir)
     with open(os.path.join(run_dir, "summary.txt"), "w") as f:
         f.write(text + "\n")

@@ -4,7 +4,10 @@ skipped is named there as SKIPPED with its reason, and its step is not "passed".
 
 from __future__ import annotations
 
+import inspect
 import os
+import time
+import traceback
 
 import pytest
 
@@ -60,3 +63,71 @@ def test_a_pytest_that_left_no_report_is_not_passed(tmp_path):
     step.status = "passed"
     check.judge_tests(step, 0)
     assert step.status == "failed" and "no report" in step.note
+
+
+def csan_report(stack=None) -> str:
+    """What torch's CUDA sanitizer prints for one race, made by its own classes (formatting needs no
+    GPU): aten::mul.out on stream 7, called at `stack`, against aten::add.Tensor on stream 0."""
+    from torch.cuda._sanitizer import Access, AccessType, UnsynchronizedAccessError
+
+    schema = "aten::mul.out(Tensor self, Tensor other, *, Tensor(a!) out) -> Tensor(a!)"
+    now = Access(AccessType.WRITE, 2, 7, schema, ["out"], True, stack or traceback.extract_stack())
+    schema = "aten::add.Tensor(Tensor self, Tensor other, *, Scalar alpha=1) -> Tensor"
+    before = Access(AccessType.READ, 1, 0, schema, ["self"], False, traceback.StackSummary())
+    return str(UnsynchronizedAccessError(140000, None, now, before))
+
+
+def test_csan_findings_reads_torchs_own_report():
+    line, stack = inspect.currentframe().f_lineno, traceback.extract_stack()
+    report = csan_report(stack)
+    cut_short = repr(report)[:300]  # a failed test's message quoting a rank's output
+    assert check.csan_findings("rank 0 output\n" + report + cut_short + report) == 2 * [
+        ("aten::mul.out", "aten::add.Tensor", f"tests/gpu/test_check.py:{line}")
+    ]
+
+
+RANK_PRINTS_REPORT = """
+def test_a_rank_job_whose_rank_saw_a_race():
+    from tests.ranks import run_ranks
+
+    result = run_ranks(1, ["-c", "import sys; sys.stderr.write(open(sys.argv[1]).read()); sys.exit(1)", "{report}"])
+    assert result.returncode == 0, result.output[-200:]  # the message shows only the tail of what the rank printed
+"""
+
+
+def test_the_sanitizer_step_quotes_what_csan_printed_in_a_rank(tmp_path):
+    """The whole path: the step's environment reaches pytest, tests/ranks.py keeps the rank job's
+    output, and the summary quotes the race, which a failed test's message cut off."""
+    (tmp_path / "report.txt").write_text(csan_report() + "\n" + "padding\n" * 50)
+    path = tmp_path / "test_sample.py"
+    path.write_text(RANK_PRINTS_REPORT.format(report=tmp_path / "report.txt"))
+    step = check.sanitized(
+        check.pytest_step("sanitizer", str(tmp_path / "report.xml"), [str(path)], 240), str(tmp_path)
+    )
+    step.env["TESTS_FORKSERVER"] = "0"  # one rank that imports nothing: a fork server would only cost its start
+    log = str(tmp_path / "sanitizer.log")
+    check.run(step, dict(os.environ), log)
+    check.sanitizer_details(step, log)
+    assert step.status == "failed", step
+    assert step.details[1] == "CSAN reported 1 possible data races, 1 distinct:", step.details
+    assert step.details[2].startswith("1x aten::mul.out racing aten::add.Tensor, at tests/gpu/test_check.py:"), (
+        step.details
+    )
+
+
+def test_the_sanitizer_step_says_when_csan_reported_nothing(tmp_path):
+    step = check.sanitized(check.pytest_step("sanitizer", str(tmp_path / "report.xml"), [], 1), str(tmp_path))
+    step.note = "timed out after 1 s"
+    check.sanitizer_details(step, str(tmp_path / "never-written.log"))
+    assert step.details == [
+        "CSAN reported no possible data race in the part that ran (it sees aten kernels on main threads only)"
+    ]
+
+
+def test_a_step_gets_only_the_time_left_of_the_check_and_none_past_its_end():
+    step = check.Step("tune", ["true"], 45)
+    assert check.fits(step, time.monotonic() + 30) and 25 <= step.timeout <= 30
+    assert check.fits(step, time.monotonic() + 500) and step.timeout <= 30
+    late = check.Step("sanitizer", ["true"], 300)
+    assert not check.fits(late, time.monotonic() + 5)
+    assert (late.status, late.note) == ("not run", f"no time left of the check's {check.BUDGET} s")
