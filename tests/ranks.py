@@ -135,8 +135,20 @@ def run_ranks(
         )
     except subprocess.TimeoutExpired as exc:
         out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        keep_output(out)
         raise AssertionError(f"ranks did not finish in {timeout} s:\n{out[-6000:]}") from None
+    keep_output(proc.stdout)
     return Result(proc.returncode, proc.stdout)
+
+
+def keep_output(output: str) -> None:
+    """Append a rank job's whole output to $TESTS_RANKS_LOG where it is set: `make gpu-check`'s
+    sanitizer step reads there what torch's CUDA sanitizer printed in the ranks, which a failed
+    test's message would show only the tail of."""
+    path = os.environ.get("TESTS_RANKS_LOG")
+    if path:
+        with open(path, "a") as f:
+            f.write(output)
 
 
 def use_fork_server(env: dict, launcher: str) -> str | None:
