@@ -1,4 +1,4 @@
-"""`python -m launch submit|script|sweep ...`: see launch/cli.py."""
+"""`python -m launch submit|script|sweep|preflight ...`: see launch/cli.py."""
 
 import sys
 

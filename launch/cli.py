@@ -4,13 +4,14 @@
     python -m launch script --system lassen --nodes 4 --time 1:00:00 --account mybank -- moe
     python -m launch submit --system local --nodes 1 --resume runs/<job dir>/moe-<id> -- moe
     python -m launch sweep --system local --app moe --nodes 1 --backends gloo,mpi,auto -- --config ...
+    python -m launch preflight --system polaris --nodes 2 --account MyProject --submit
 
 `submit` writes runs/<app>-<system>-<N>n-<time>/job.sh, shows it, submits it (sbatch, bsub or
 qsub) unless --dry-run, and prints the job id and where the log and the run dir (metrics,
 summary.json) land; `script` only writes it. `--resume RUN_DIR` continues a run that ended early
 (a killed or timed-out job) from the last checkpoint its `latest` names, in that run dir, with
 `resume=true`, and with the settings saved in it unless trainer args are given. `sweep`: see
-launch/sweep.py; the options both take are in launch/options.py.
+launch/sweep.py; `preflight`: launch/preflight.py; the options they share are in launch/options.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import time
 
 from launch.options import add_job_options, check_app, job_system, new_job_dir, parse_nodes, shown, split_argv
+from launch.preflight import preflight_main
 from launch.scripts import SCHEDULER_LOG, Job, write_script
 from launch.submit import SubmitError, submit
 from launch.sweep import sweep_main
@@ -93,13 +95,15 @@ def submit_main(command: str, argv: list[str]) -> int:
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    commands = ("submit", "script", "sweep")
+    commands = ("submit", "script", "sweep", "preflight")
     if not argv or argv[0] not in commands:
         print(__doc__.strip(), file=sys.stderr)
         return 2
     try:
         if argv[0] == "sweep":
             return sweep_main(argv[1:])
+        if argv[0] == "preflight":
+            return preflight_main(argv[1:])
         return submit_main(argv[0], argv[1:])
     except (LaunchError, SubmitError) as exc:
         print(f"launch {argv[0]}: {exc}", file=sys.stderr)

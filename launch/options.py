@@ -44,10 +44,10 @@ def new_job_dir(parent: str, name: str) -> str:
     raise LaunchError(f"no free job directory name under {parent}")
 
 
-def add_job_options(parser: argparse.ArgumentParser, nodes_help: str) -> None:
+def add_job_options(parser: argparse.ArgumentParser, nodes_help: str, time: str = "0:30:00") -> None:
     parser.add_argument("--system", required=True, help="a name in configs/systems/ or a YAML path")
     parser.add_argument("--nodes", required=True, help=nodes_help)
-    parser.add_argument("--time", default="0:30:00", help="wall time, h:mm:ss (default 0:30:00)")
+    parser.add_argument("--time", default=time, help=f"wall time, h:mm:ss (default {time})")
     parser.add_argument("--account", help="account / bank / project to charge (overrides the system file)")
     parser.add_argument("--queue", help="partition / queue (overrides the system file and its choice by size)")
     parser.add_argument(

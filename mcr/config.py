@@ -41,6 +41,9 @@ class RuntimeConfig:
     # hand CUDA tensors to MPI as device pointers: auto (decided per MPI library, then checked by an
     # all-reduce on the GPU at start), true (the user says so; still checked), false (staged through host memory)
     mpi_cuda_aware: str = "auto"
+    # two ranks on one GPU, or a local rank wrapped around the GPUs it sees: an error at start-up
+    # instead of a warning (mcr.topology.binding_problems)
+    strict_binding: bool = False
 
     def backend_names(self) -> list:
         """The backends to start, in the registry's order."""
@@ -118,6 +121,7 @@ ENV_VARS = {
     "MCR_FR_DUMP_ON_FINALIZE": ("flight_recorder_dump_on_finalize", _flag),
     "MCR_TRACE_DIR": ("trace_dir", _text),
     "MCR_MPI_CUDA_AWARE": ("mpi_cuda_aware", _text),
+    "MCR_STRICT_BINDING": ("strict_binding", _flag),
 }
 
 

@@ -26,7 +26,7 @@ from . import env as launch_env
 from . import hugepages, netcheck, streams
 from .backends import REGISTRY
 from .backends.base import BackendUnavailable
-from .topology import Shape, Topology
+from .topology import RankGPU, Shape, Topology, binding_problems, node_lines
 from .tuning.model import predict_table
 from .tuning.table import TuningTable, TuningTables, load_tables
 
@@ -40,6 +40,12 @@ class Started(NamedTuple):
     topology: Topology  # every rank's node, from the hostnames
     shape: Shape  # the job's nodes and ranks per node
     table: TuningTable | None  # the table file, fitted to `shape` (None: no file, or tuning: auto)
+    gpus: list  # every rank's RankGPU: what it bound, its local rank, the GPUs it sees
+    binding_problems: list  # shared GPUs and wrapped local ranks (mcr.topology.binding_problems)
+
+
+class BindingError(RuntimeError):
+    """MCR_STRICT_BINDING=1 and two ranks share a GPU or a local rank wrapped: raised on every rank."""
 
 
 def start(cfg, info: launch_env.LaunchInfo, store=None, op_timeout_s=None) -> Started:
@@ -61,18 +67,23 @@ def start(cfg, info: launch_env.LaunchInfo, store=None, op_timeout_s=None) -> St
         store = make_store(info, backends.get("mpi"), unavailable.get("mpi"))
     # every rank's node, once: from the hostnames, whatever the launcher said about local ranks;
     # and its GPU (bound by the runtime already), so ranks that share one are known alike
+    device = streams.bound_device()
+    mine = RankGPU(streams.gpu_identity(), device.index if device is not None else -1, info.local_rank, visible_gpus())
     if info.world_size > 1:
         hosts = launch_env.hosts_by_rank(store, info.rank, info.world_size)
-        gpus = launch_env.by_rank(store, "gpu", info.rank, info.world_size, streams.gpu_identity())
+        gpus = [RankGPU.parse(v) for v in launch_env.by_rank(store, "gpu", info.rank, info.world_size, mine.text())]
     else:
-        hosts, gpus = [socket.gethostname()], [streams.gpu_identity()]
-    topology = Topology(hosts, gpus)
+        hosts, gpus = [socket.gethostname()], [mine]
+    topology = Topology(hosts, [gpu.uuid for gpu in gpus])
+    problems = binding_problems(hosts, gpus)
+    if problems and cfg.strict_binding:  # every rank knows them alike: every rank stops, before gloo connects
+        raise BindingError(f"mcr: MCR_STRICT_BINDING=1 and {'; '.join(problems)}")
     shape = topology.shape()
     if "gloo" in wanted and shape.nodes > 1:  # before gloo connects: a wrong network fails named
         netcheck.check_gloo_reach(store, topology, info.rank, os.environ)
     table = fit_table(table, cfg, shape)  # before gloo starts: a refused table stops every rank alike
     start_backends(backends, unavailable, wanted, info, store, timeout_s, cfg)
-    return Started(backends, unavailable, store, topology, shape, table)
+    return Started(backends, unavailable, store, topology, shape, table, gpus, problems)
 
 
 def binds_after_mpi(env, gpus: int) -> bool:
@@ -200,6 +211,10 @@ def say_once(started: Started, info, table) -> None:
             mine,
             hosts[info.rank],
         )
+    for line in node_lines(hosts, started.gpus):  # each node's ranks and their GPUs
+        log.info(line)
+    for problem in started.binding_problems:  # MCR_STRICT_BINDING=1 makes each an error
+        log.warning("mcr: WARNING: %s", problem)
     mpi = started.backends.get("mpi")
     if mpi is not None and streams.bound_device() is not None:  # what CUDA tensors on MPI will do
         how = "straight to MPI" if mpi.cuda_aware else "staged through pinned host memory"

@@ -4,7 +4,8 @@ The runtime learns every rank's hostname once at start-up (an exchange on its st
 the launcher: `env.hosts_by_rank`), so the node of a rank is a fact all ranks share, not each
 launcher's idea of local ranks. From it come the job's shape, which a tuning table must match,
 and each group's shape (how many nodes it spans, how many of its ranks sit on each), which the
-table's entries are keyed by and which the node-aware candidates need.
+table's entries are keyed by and which the node-aware candidates need. Each rank's GPU comes with it (`RankGPU`): what rank 0
+says of every node at start-up (`node_lines`), and the bindings it warns about (`binding_problems`).
 """
 
 from __future__ import annotations
@@ -72,3 +73,62 @@ class Topology:
                 return seen[gpu], r
             seen[gpu] = r
         return None
+
+
+class RankGPU(NamedTuple):
+    """The GPU a rank bound at start-up, as every rank learns it: its UUID ("" without one), its
+    index among the GPUs the rank sees (-1: none), the rank's local rank and how many GPUs it sees."""
+
+    uuid: str
+    index: int
+    local_rank: int
+    visible: int
+
+    def text(self) -> str:
+        return f"{self.uuid}|{self.index}|{self.local_rank}|{self.visible}"
+
+    @classmethod
+    def parse(cls, text: str) -> "RankGPU":
+        uuid, index, local_rank, visible = text.rsplit("|", 3)
+        return cls(uuid, int(index), int(local_rank), int(visible))
+
+    @property
+    def wrapped(self) -> bool:
+        """A local rank past the several GPUs it sees, which `local_rank % count` folded back onto
+        another rank's. (One GPU seen is the launcher's choice: a GPU per rank by CUDA_VISIBLE_DEVICES.)"""
+        return self.visible > 1 and self.local_rank >= self.visible
+
+
+def node_lines(hosts, gpus) -> list:
+    """One line per node: its ranks and the GPU each bound (`gpus`: each rank's RankGPU)."""
+    by_node = {}
+    for rank, (host, gpu) in enumerate(zip(hosts, gpus)):
+        by_node.setdefault(host, []).append((rank, gpu))
+    lines = []
+    for host, ranks in by_node.items():
+        if not any(gpu.uuid for _, gpu in ranks):
+            lines.append(f"mcr: node {host}: ranks {', '.join(str(r) for r, _ in ranks)}, no GPU")
+            continue
+        placed = [f"rank {r} cuda:{gpu.index} {gpu.uuid[:12]}" if gpu.uuid else f"rank {r} no GPU" for r, gpu in ranks]
+        lines.append(f"mcr: node {host}: {', '.join(placed)}")
+    return lines
+
+
+def binding_problems(hosts, gpus) -> list:
+    """Ranks that share a GPU (no NCCL for a group holding both) and local ranks that wrapped
+    around the GPUs they see, each naming the ranks and the fix."""
+    problems, first = [], {}
+    for rank, (host, gpu) in enumerate(zip(hosts, gpus)):
+        if gpu.wrapped:
+            problems.append(
+                f"rank {rank} on node {host} has local rank {gpu.local_rank} but sees {gpu.visible} GPUs, so it "
+                f"took GPU {gpu.index} (local rank % {gpu.visible}): start at most {gpu.visible} ranks on the node"
+            )
+        if gpu.uuid and gpu.uuid in first:
+            problems.append(
+                f"ranks {first[gpu.uuid]} and {rank} on node {host} SHARE GPU {gpu.uuid}: NCCL is dropped for every "
+                "group holding both; give each rank its own GPU (one rank per GPU, and CUDA_VISIBLE_DEVICES per "
+                "rank or every GPU visible)"
+            )
+        first.setdefault(gpu.uuid, rank)
+    return problems

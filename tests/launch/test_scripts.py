@@ -345,8 +345,22 @@ def test_sweep_dry_run_writes_every_jobs_script_with_its_queue_and_submits_none(
     assert "wrote 6 job scripts" in out and "(not submitted)" in out
 
 
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_preflight_writes_a_short_job_running_the_check_on_every_rank(system, tmp_path, capsys):
+    args = ["preflight", "--system", system, "--nodes", "2", "--account", "proj1", "--out", str(tmp_path), "--quiet"]
+    assert main(args) == 0
+    assert "(not submitted; --submit runs it)" in capsys.readouterr().out
+    (path,) = tmp_path.glob("preflight-*/job.sh")
+    text = path.read_text()
+    assert " -m mcr.tools.preflight " in text and 'name="preflight-$JOB_ID"' in text
+    assert walltime(load_system(system, account="proj1").scheduler, parse_time("0:10:00")) in text  # short
+    if shutil.which("shellcheck"):
+        proc = subprocess.run(["shellcheck", "-S", "warning", str(path)], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout
+
+
 def test_launching_imports_neither_torch_nor_mcr():
-    code = "import sys, launch.cli, launch.sweep, launch.local; print([m for m in ('torch', 'mcr', 'mpi4py') if m in sys.modules])"
+    code = "import sys, launch.cli, launch.sweep, launch.preflight, launch.local; print([m for m in ('torch', 'mcr', 'mpi4py') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 

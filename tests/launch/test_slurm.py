@@ -168,6 +168,26 @@ def test_a_sweep_whose_submit_is_refused_cancels_the_jobs_it_had_submitted_and_n
     assert "JobState=CANCELLED" in slurm.run("scontrol", "show", "job", first).stdout
 
 
+def test_preflight_job_passes_on_two_cpu_ranks_and_fails_naming_the_rank_when_their_cores_collide(
+    slurm, system, tmp_path
+):
+    out = launch(slurm, tmp_path, "preflight", "--system", system, "--nodes", "1", "--out", str(tmp_path), "--submit")
+    assert "python -m mcr.tools.preflight" in out  # the script it wrote and submitted
+    assert re.search(r"^0 +\S+ +0 +\(unset\) +no GPU +- +all +no GPU +ok +ok$", out, re.M), out
+    assert "preflight: every check passed (2 ranks on 1 node(s))" in out
+    # the same job with every rank bound to core 0 (a wrapper standing in for a wrong --cpu-bind)
+    cfg = OmegaConf.load(system)
+    cfg.rank_wrapper = "taskset -c 0"
+    pinned = tmp_path / "pinned.yaml"
+    OmegaConf.save(cfg, pinned)
+    out = launch(
+        slurm, tmp_path, "preflight", "--system", str(pinned), "--nodes", "1", "--out", str(tmp_path / "pinned"),
+        "--submit", "--quiet", returncode=1,
+    )  # fmt: skip
+    assert "rank 1 (" in out and ") is bound to cores 0 that rank 0 is bound to too. Fix: give each rank" in out, out
+    assert "preflight: 1 problem(s) (2 ranks on 1 node(s))" in out
+
+
 def processes_under(path: str) -> list[int]:
     """Pids whose working directory or command line lies under `path` (compilers run in the ops dir)."""
     found = []
