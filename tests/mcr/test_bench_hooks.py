@@ -27,7 +27,7 @@ def _is_ratio(printed: str, a: float, b: float) -> bool:
 
 def test_bench_hooks_prints_each_path_the_issue_cost_and_torchs_own_floor():
     args = ["--iters", "400", "--repeat", "1", "--issue-trains", "3"]
-    out = run_ranks(2, ["-m", "mcr.tools.bench_hooks", *args]).check().output
+    out = run_ranks(2, ["-m", "mcr.tools.bench_hooks", *args], timeout=600).check().output
 
     per_call = _rows(out, 'backend "mcr" overhead', 6)
     labels = [" ".join(r[:-2]) for r in per_call]
