@@ -12,7 +12,8 @@ POLL_S = 0.01
 
 
 def mark(directory: str, event: str) -> None:
-    """Say that `event` happened (atomically: a reader never sees half a mark)."""
+    """Say that `event` happened (atomically: a reader never sees half a mark); the mark holds
+    this process's id."""
     path = os.path.join(directory, event)
     with open(path + ".partial", "w") as f:
         f.write(str(os.getpid()))
