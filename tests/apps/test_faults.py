@@ -35,9 +35,9 @@ KILLED = {
 
 
 def killed_then_resumed(app, fault, tmp_path, overrides=()):
-    """Run `app` under scripts/fault.py with FAULT at step 4's save, check the job ended soon and
-    `latest` stayed at step 2, then resume (the other launcher) and check it continued the
-    killed job's loss curve from step 2. Returns the killed run's output."""
+    """Run `app` under scripts/fault.py with FAULT at step 4's save, check the launcher ended the
+    job and `latest` stayed at step 2, then resume (the other launcher) and check it continued
+    the killed job's loss curve from step 2. Returns the killed run's output."""
     kill_launcher, resume_launcher = TRAINERS[app]
     config = os.path.join(REPO, "configs", app, "tiny.yaml")
     args = ["--config", config, f"out_dir={tmp_path}", "name=run", *COMMON, *overrides]
@@ -52,7 +52,8 @@ def killed_then_resumed(app, fault, tmp_path, overrides=()):
     assert found and killed.returncode != 0, killed.output[-3000:]
     seconds = ended - float(found.group(1))
     print(f"{app}, {fault}: the job ended {seconds:.1f} s after the kill, exit code {killed.returncode}")
-    assert seconds < 60, (seconds, killed.output[-3000:])
+    # the launcher ended it, not the watchdog's timeout (how soon depends on the machine's load)
+    assert "mcr watchdog:" not in killed.output, killed.output[-3000:]
     assert re.search(KILLED[kill_launcher].format(rank=found.group(2)), killed.output), killed.output[-3000:]
     # step 4's save began, but `latest` still names step 2
     assert (ckpt / "latest").read_text() == "step_000002" and (ckpt / "step_000004").is_dir()

@@ -102,12 +102,12 @@ def test_uncaught_exception_after_init_process_group_prints_its_traceback():
 )
 def test_abort_with_an_op_in_flight_returns_at_once_and_the_job_goes_on_or_ends(launcher, backend, what):
     # rank 0 aborts with an all-reduce in flight that rank 1 never joins: torch's abort waits for
-    # neither; the watchdog's 30 s would end a job whose abort waited for the op
+    # neither. An abort that waited for the op would wait for ever, and the watchdog's 30 s would
+    # end the job (exit code 86), its line naming the op: how long the abort took is not asserted
     script = os.path.join(HERE, "scripts", "abort.py")
     result = run_script(2, script, backend, what, launcher=launcher, env={"MCR_WATCHDOG_TIMEOUT": "30"}, timeout=120)
-    assert result.returncode == 0, result.output[-3000:]
-    took = re.search(r"rank 0 aborted in ([0-9.]+) s", result.output)
-    assert took and float(took.group(1)) < 3, result.output[-3000:]
+    assert result.returncode == 0 and "mcr watchdog:" not in result.output, result.output[-3000:]
+    assert re.search(r"rank 0 aborted in ([0-9.]+) s", result.output), result.output[-3000:]
     if what == "world":  # the runtime is gone and the process exits, its gloo op never joined
         assert "mcr initialized after abort: False" in result.output, result.output[-3000:]
         assert "rank 1 saw rank 0 abort" in result.output, result.output[-3000:]

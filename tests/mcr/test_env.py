@@ -7,7 +7,9 @@ import os
 import pytest
 
 from mcr.env import discover, mpi_plugin_hint, port_for_job, slurm_tasks_on_node, threads_per_rank
-from tests.ranks import hydra_differs, run_script
+from tests.ranks import run_script, under_hydra
+
+SCRIPTS = os.path.join(os.path.dirname(__file__), "scripts")
 
 
 @pytest.fixture
@@ -181,17 +183,36 @@ def test_threads_come_from_the_cpus_the_job_gave_each_rank():
     assert threads_per_rank(1, {}) >= 1
 
 
-def test_an_mpi_launch_without_mpi_in_the_backends_says_why_it_has_no_rendezvous(request):
-    hydra_differs(request, "the first rank's refusal ends the job before the other's (PRRTE's knob lets both end)")
+# mpiexec's name in the refusal; Open MPI's would end the job when the first rank exits, maybe before
+# the other has printed its refusal: its knob lets each rank run to its own end. Hydra (MPICH,
+# Intel MPI) needs none: a rank exiting through MPI_Finalize waits there for the others, and only
+# one that aborts, or that started MPI and exits without MPI_Finalize, gets the others killed.
+MPIEXEC_NAME = "hydra" if under_hydra() else "openmpi"
+KEEP_GOING = {"PRTE_MCA_state_base_error_non_zero_exit": "0"}
+
+
+def refused(rank: int) -> str:
+    return (
+        f"RuntimeError: mcr.init: rank {rank} of 2 (launcher {MPIEXEC_NAME}) has no rendezvous address; "
+        "mpi is unavailable (not in the configured backends list)"
+    )
+
+
+def test_an_mpi_launch_without_mpi_in_the_backends_says_why_it_has_no_rendezvous():
     # under mpiexec the rendezvous address travels over MPI; with gloo alone there is none to use
     probe = os.path.join(os.path.dirname(__file__), "..", "launch", "probe.py")
-    # mpiexec would end the job when the first rank exits, maybe before the other has printed
-    # its refusal: let each rank run to its own end (mpiexec then exits 0)
-    keep_going = {"PRTE_MCA_state_base_error_non_zero_exit": "0"}
-    result = run_script(2, probe, "backends=gloo", timeout=120, env=keep_going)
+    result = run_script(2, probe, "backends=gloo", timeout=120, env=KEEP_GOING)
     for rank in (0, 1):
-        assert (
-            f"RuntimeError: mcr.init: rank {rank} of 2 (launcher openmpi) has no rendezvous address; "
-            "mpi is unavailable (not in the configured backends list)" in result.output
-        ), result.output[-2000:]
+        assert refused(rank) in result.output, result.output[-2000:]
     assert "probe: rank" not in result.output, result.output[-2000:]  # neither went on
+
+
+def test_a_rank_refusing_with_mpi_up_ends_through_mpi_finalize_so_a_later_refusal_is_seen(tmp_path):
+    # rank 1 refuses first and is on its way out; rank 0, refusing only then, must still be there
+    # to say why: a refusal that aborted, or left MPI unfinalized, had Hydra kill it first
+    result = run_script(2, os.path.join(SCRIPTS, "refuse.py"), tmp_path, timeout=240, env=KEEP_GOING)
+    for rank in (0, 1):
+        assert refused(rank) in result.output, result.output[-2000:]
+    assert "went on" not in result.output, result.output[-2000:]
+    if MPIEXEC_NAME == "hydra":  # a rank's exit code 1 is the job's (Open MPI's knob makes it 0)
+        assert result.returncode != 0, result.output[-2000:]

@@ -92,8 +92,8 @@ def test_the_progress_thread_is_what_completes_an_unwaited_op(thread):
 
 
 def test_dist_work_future_is_done_at_get_future_with_the_thread_off_in_the_config():
-    """`progress_thread: false`: `get_future()` waits for the op (rank 1 joins 2 s late) and
-    returns a done future holding the whole result, single and coalesced."""
+    """`progress_thread: false`: `get_future()` waits for the op (rank 1 joins once rank 0 issued
+    it) and returns a done future holding the whole result, single and coalesced."""
     out = run_script(2, SCRIPT, "torch-off").check().output
     found = sorted(re.findall(r"rank (\d+): progress OK (\d+) checks via torch-off", out))
     assert found == [("0", "6"), ("1", "6")], out[-3000:]

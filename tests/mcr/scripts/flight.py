@@ -2,19 +2,20 @@
 Usage: flight.py hang|mismatch|raise|live
   hang:     rank 1 skips the 8th collective and waits in a receive that never comes
   mismatch: rank 1 all-reduces 8 elements where rank 0 all-reduces 4
-  raise:    rank 1 raises in its own code while rank 0 waits in an all-reduce
-  live:     40 ops with a ring of 16 (MCR_FR_SIZE); rank 1 sends itself SIGUSR1 while it waits
-            on an async receive; both ranks dump again at finalize (MCR_FR_DUMP_ON_FINALIZE)"""
+  raise:    rank 1 raises in its own code once rank 0 waits in an all-reduce
+  live:     40 ops with a ring of 16 (MCR_FR_SIZE); rank 1 sends itself SIGUSR1 once it waits
+            on an async receive, and rank 0 sends only once that dump is written; both ranks
+            dump again at finalize (MCR_FR_DUMP_ON_FINALIZE)"""
 
 import os
 import signal
 import sys
-import threading
 import time
 
 import torch
 
 import mcr
+from tests import events
 
 mode = sys.argv[1]
 mcr.init()
@@ -39,20 +40,31 @@ if mode == "hang":
 elif mode == "mismatch":
     mcr.all_reduce(torch.ones(4 + 4 * rank))
 elif mode == "raise":
+    here = os.path.dirname(os.path.abspath(os.environ["MCR_FR_DIR"]))  # where the ranks mark their steps (tests.events)
     if rank == 1:
+        events.wait_mark(here, "rank 0 waits")
         raise ValueError("a bug in the training script")
+    events.when_in_a_wait(mcr.runtime(), lambda: events.mark(here, "rank 0 waits"))
     mcr.all_reduce(t)
 elif mode == "live":
     for _ in range(40):
         mcr.all_reduce(t)
+    dumps = os.environ["MCR_FR_DIR"]
+    here = os.path.dirname(os.path.abspath(dumps))  # where the ranks mark their steps (tests.events)
     if rank == 1:
-        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+
+        def look_while_waiting():
+            os.kill(os.getpid(), signal.SIGUSR1)
+            while not os.path.exists(os.path.join(dumps, "mcr_fr_rank_1")):  # written whole (renamed)
+                time.sleep(events.POLL_S)
+            events.mark(here, "rank 1 dumped")
+
+        events.when_in_a_wait(mcr.runtime(), look_while_waiting)
         handle = mcr.irecv(t, 0)
         handle.wait()  # in it when the signal comes: the dump names this line, the op "started"
-        dumps = os.environ["MCR_FR_DIR"]  # keep the live dump from finalize's
-        os.replace(os.path.join(dumps, "mcr_fr_rank_1"), os.path.join(dumps, "..", "sigusr1_rank_1"))
+        os.replace(os.path.join(dumps, "mcr_fr_rank_1"), os.path.join(here, "sigusr1_rank_1"))  # not finalize's
     else:
-        time.sleep(4)
+        events.wait_mark(here, "rank 1 dumped")
         mcr.send(t, 1)
     print(f"rank {rank} live OK", flush=True)
 mcr.finalize()

@@ -21,8 +21,9 @@
                               waited for in Python only for ALONE_S; prints whether it ran, then
                               waits and checks the whole result (the thread on: it ran; off: not)
     progress.py torch-off     torch.distributed on backend "mcr" with `progress_thread: false` in
-                              the mcr config: `work.get_future()` waits for the op (rank 1 is
-                              late) and returns a done future holding the whole result
+                              the mcr config: `work.get_future()` waits for the op (rank 1 joins
+                              once rank 0 issued it) and returns a done future holding the whole
+                              result
     progress.py single        an MPI without MPI_THREAD_MULTIPLE (run with
                               MPI4PY_RC_THREAD_LEVEL=single): no progress, driver or worker
                               thread runs; futures complete at `get_future()`; large async
@@ -33,13 +34,13 @@
 import sys
 import threading
 import time
+from datetime import timedelta
 
 import torch
 
 import mcr
 
 TIMEOUT_S = 30
-LATE_S = 2.0
 ALONE_S = 5.0  # long enough for the progress thread (polls every 50 µs-1 ms), short for a test
 TRAIN_S = 8.0  # train/hang-train: run under a 3 s watchdog, which ends hang-train long before
 mode = sys.argv[1]
@@ -135,16 +136,21 @@ def mixed_sizes():
 def torch_futures():
     import torch.distributed as dist
 
+    store = dist.distributed_c10d._get_default_store()
     count = 0
     for k in range(5):
         x = torch.arange(8, dtype=torch.float32) + 1000 * k + 100 * rank
         want = sum(torch.arange(8, dtype=torch.float32) + 1000 * k + 100 * r for r in range(n))
-        if k == 0 and rank > 0:
-            time.sleep(LATE_S)  # rank 0's first all-reduce cannot complete before the others join
-        started = time.monotonic()
+        if k == 0 and rank > 0:  # rank 0's first all-reduce cannot complete before the others join
+            try:
+                store.wait(["rank 0 holds a pending future"], timedelta(seconds=TIMEOUT_S))
+            except dist.DistStoreError:
+                raise SystemExit(f"rank {rank}: rank 0's get_future() did not return: it waited for the op") from None
         fut = dist.all_reduce(x, async_op=True).get_future()
-        if k == 0 and rank == 0 and (time.monotonic() - started > LATE_S / 2 or fut.done()):
-            raise SystemExit("rank 0: get_future() waited for the op instead of returning a pending future")
+        if k == 0 and rank == 0:  # a get_future() that waited for the op would never get here
+            if fut.done():
+                raise SystemExit("rank 0: get_future() returned a done future before rank 1 joined the all-reduce")
+            store.set("rank 0 holds a pending future", "1")
         ts = [torch.full((k + 1,), float(rank + j)) for j in range(3)]
         fut_coalesced = dist.all_reduce_coalesced(ts, async_op=True)  # torch hands back the Work's future
         deadline = time.monotonic() + TIMEOUT_S
@@ -175,21 +181,22 @@ def completion_alone():
 
 
 def futures_wait_at_get_future():
-    """Without the progress thread, `get_future()` waits for the op: rank 1 joins LATE_S late."""
+    """Without the progress thread, `get_future()` waits for the op: rank 1 joins once rank 0 has
+    issued it, and the future rank 0 gets back is done."""
     import torch.distributed as dist
 
+    store = dist.distributed_c10d._get_default_store()
     count = 0
     for k in range(3):
         x = torch.arange(8, dtype=torch.float32) * (k + 2) + 100 * rank
         want = sum(torch.arange(8, dtype=torch.float32) * (k + 2) + 100 * r for r in range(n))
         if k == 0 and rank > 0:
-            time.sleep(LATE_S)
-        started = time.monotonic()
+            store.wait(["rank 0 issues"], timedelta(seconds=TIMEOUT_S))
+        if k == 0 and rank == 0:
+            store.set("rank 0 issues", "1")
         fut = dist.all_reduce(x, async_op=True).get_future()
         if not fut.done():
             raise SystemExit(f"rank {rank}: get_future() returned a pending future with the progress thread off")
-        if k == 0 and rank == 0 and time.monotonic() - started < LATE_S / 2:
-            raise SystemExit("rank 0: get_future() returned before rank 1 joined the all-reduce")
         same("future value", fut.value()[0], want)
         same("the reduced tensor", x, want)
         ts = [torch.arange(k + 2, dtype=torch.float32) + 10 * rank + j for j in range(3)]
