@@ -11,6 +11,9 @@ runs the others:
    A host-driven library (MPI, CUDA-aware or staged through host memory; gloo on what
    the runtime stages for it) gets the memory only once an event recorded on that stream at
    issue has completed (`StreamOrder.ready`), on the issuing thread or on the backend's worker.
+   The device temporaries it reads (scatter's stacked list, the list reduce-scatter's cat) are
+   made by the caller on that stream before the event (`Backend.prepare`): the library reads
+   them at once, on the host, so a kernel queued after the event could still be filling them.
 2. After `wait()`, work queued on the caller's current stream (the one current at the wait) is
    ordered after the op and its finishers: it waits on an event recorded after them
    (`StreamOrder.done`).
@@ -333,12 +336,15 @@ class CudaRoute:
                 return
             order = StreamOrder(self.device_of(args))
             host_args, copy_back = to_host(self.method, args) if self.staged else (args, None)
+            method, lib_args, finish = self.backend.prepare(self.method, comm, host_args)  # temporaries
             order.mark_ready()
             self._ready_wait(order)()
             started = perf_counter()
-            self.fn(comm, *host_args, False)
+            (self.fn if method == self.method else getattr(self.backend, method))(comm, *lib_args, False)
+            if finish is not None:
+                finish()  # on the caller's stream, which is the issuing one
             if copy_back is not None:
-                copy_back()  # on the caller's stream, which is the issuing one
+                copy_back()
         except Exception as exc:
             raise rt.op_error(op, group, exc) from exc
         finally:
@@ -360,10 +366,13 @@ class CudaRoute:
                 inner = self.fn(comm, *args, True)
             else:
                 host_args, copy_back = to_host(self.method, args) if self.staged else (args, None)
+                method, lib_args, finish = self.backend.prepare(self.method, comm, host_args)  # temporaries
                 order.mark_ready()
-                inner = self.backend.issue_after(self._ready_wait(order), self.method, comm, host_args)
+                inner = self.backend.issue_after(self._ready_wait(order), method, comm, lib_args)
+                if finish is not None:
+                    inner.then(finish)  # the first finishers: copy-outs, staging's copy-back, then AVG's divide
                 if copy_back is not None:
-                    inner.then(copy_back)  # the first finisher: before AVG's divide
+                    inner.then(copy_back)
         except Exception as exc:
             raise rt.op_error(op, group, exc) from exc
         handle = self._stream_handle(inner, order, group, entry, comm_log)

@@ -116,11 +116,12 @@ BUFFERS_PER_ROUTE = 64  # a hot route's MPI buffers kept by tensor address (MPIB
 # costs tens of µs, more than libnbc loses on small messages: configs/tuning/vm-n2-bench-ddp.txt).
 WORKER_FROM = 256 << 10
 REDUCING_METHODS = frozenset({"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"})
-# The collectives an async op on CUDA tensors runs on the worker (`MPIBackend.issue_after`): every
-# one whose blocking call takes no second communicator (the list all-to-all sends on the twin).
+# The collectives an async op on CUDA tensors runs on the worker (`MPIBackend.issue_after`, after
+# `prepare`): every one whose blocking call takes no second communicator (the list all-to-all sends
+# on the twin).
 WORKER_METHODS = frozenset(
-    {"all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "gather", "scatter"}
-    | {"reduce_scatter", "reduce_scatter_tensor", "all_to_all_single", "barrier"}
+    {"all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "gather", "scatter_packed"}
+    | {"reduce_scatter_tensor", "all_to_all_single", "barrier"}
 )
 
 
@@ -199,6 +200,18 @@ class MPIBackend(Backend):
         """Device memory straight to a CUDA-aware MPI, but for 16-bit reductions: our own MPI ops
         for them read host memory."""
         return self.cuda_aware and not (method in REDUCING_METHODS and dtype in HALF_DTYPES)
+
+    def prepare(self, method, comm, args):
+        """The list forms MPI runs on one packed tensor: scatter sends a stack of the root's list,
+        the list reduce-scatter reduces a cat of its list, both made here (`Backend.prepare`)."""
+        if method == "scatter":
+            tensor, scatter_list, src = args
+            packed = torch.stack([t.view_as(tensor) for t in scatter_list]) if comm.Get_rank() == src else None
+            return "scatter_packed", (tensor, packed, src), None
+        if method == "reduce_scatter":
+            output, input_list, reduce_op = args
+            return "reduce_scatter_tensor", (output, torch.cat([t.reshape(-1) for t in input_list]), reduce_op), None
+        return method, args, None
 
     def issue_after(self, ready, method, comm, args):
         """An async op on CUDA tensors (device memory, or the runtime's pinned host copies) whose
@@ -406,15 +419,16 @@ class MPIBackend(Backend):
         packed = torch.empty((len(gather_list),) + tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device)
         return self._then_copy_out(self._gather_packed(g, tensor, packed, dst, async_op), packed, gather_list)
 
-    def _scatter_packed(self, g, tensor, packed, src, async_op):
+    def scatter_packed(self, g, tensor, packed, src, async_op):
+        """Scatter the root's `packed` (its list stacked; None elsewhere) into `tensor`."""
         send = self._bytes(packed) if packed is not None else None
         if async_op:
             return from_mpi_request(g.Iscatter(send, self._bytes(tensor), src), (tensor, packed))
         g.Scatter(send, self._bytes(tensor), src)
 
     def scatter(self, g, tensor, scatter_list, src, async_op):
-        packed = torch.stack([t.view_as(tensor) for t in scatter_list]) if g.Get_rank() == src else None
-        return self._scatter_packed(g, tensor, packed, src, async_op)
+        _, args, _ = self.prepare("scatter", g, (tensor, scatter_list, src))
+        return self.scatter_packed(g, *args, async_op)
 
     def reduce_scatter_tensor(self, g, output, input, reduce_op, async_op):
         send, recv, mpi_op = self.typed_buffer(input), self.typed_buffer(output), self.mpi_op(input, reduce_op)
@@ -425,8 +439,8 @@ class MPIBackend(Backend):
         g.Reduce_scatter_block(send, recv, mpi_op)
 
     def reduce_scatter(self, g, output, input_list, reduce_op, async_op):
-        packed = torch.cat([t.reshape(-1) for t in input_list])
-        return self.reduce_scatter_tensor(g, output, packed, reduce_op, async_op)
+        _, args, _ = self.prepare("reduce_scatter", g, (output, input_list, reduce_op))
+        return self.reduce_scatter_tensor(g, *args, async_op)
 
     def _all_to_all_v(self, g, output, input, out_bytes, in_bytes, async_op):
         send = [self._mem(input.data_ptr(), input.nbytes), (in_bytes, _offsets(in_bytes)), self._byte]

@@ -1,0 +1,136 @@
+"""MPI on device memory, beside NCCL: 2 ranks under mpiexec on the CPU tier's stand-in
+(`tests.streams.cuda_model`) with MCR_MPI_CUDA_AWARE=true, so the real Open MPI is handed the
+stand-in's CudaLike tensors (CPU memory) and reads them. Each scenario reports what the stand-in
+recorded while it ran, as `DEVICE <rank> <scenario> {...}`; tests/streams/test_mpi_on_device.py
+states the rule. Usage: mpi_on_device.py (under mpiexec, 2 ranks, MCR_BACKENDS=mpi,gloo,nccl).
+
+What MPI does is observed, not changed: each call of the MPI backend's op methods is logged as
+`mpi_call` (with the NCCL kernels launched and not yet run at that moment) and `mpi_return`, and
+each buffer handed to MPI as `mpi_reads` (with the kernels queued on that memory and not yet run:
+MPI reads device memory on the host, at once, so any such kernel is a race)."""
+
+import threading
+
+from tests.streams import cuda_model as cm
+
+cm.install()  # before mcr: its CUDA calls are the stand-in's from here on
+
+import torch  # noqa: E402
+
+import mcr  # noqa: E402
+from tests.report import report  # noqa: E402
+
+rt = mcr.init()
+rank, size = rt.rank, rt.world_size
+mpi = rt.backends["mpi"]
+assert mpi.cuda_aware, mpi.cuda_aware_reason
+_depth = threading.local()
+
+
+def observed(name, fn):
+    def call(*args):
+        outer = not getattr(_depth, "n", 0)
+        if outer:
+            cm.log("mpi_call", name, cm.pending_launches())
+        _depth.n = getattr(_depth, "n", 0) + 1
+        try:
+            return fn(*args)
+        finally:
+            _depth.n -= 1
+            if outer:
+                cm.log("mpi_return", name)
+
+    return call
+
+
+OPS = "all_reduce reduce broadcast all_gather all_gather_into_tensor gather scatter reduce_scatter"
+for name in (OPS + " reduce_scatter_tensor all_to_all all_to_all_single gather_packed scatter_packed").split():
+    if hasattr(mpi, name):
+        setattr(mpi, name, observed(name, getattr(mpi, name)))
+_memory = mpi._mem
+
+
+def observed_memory(address, nbytes):
+    found = cm.unfinished_at(address)
+    if found is not None:
+        cm.log("mpi_reads", *found)
+    return _memory(address, nbytes)
+
+
+mpi._mem = observed_memory
+
+
+def data(name, seed, n=6):
+    """Distinct per rank, per element and per `seed`, made on the current stream."""
+    return cm.cuda_like(torch.arange(n, dtype=torch.float32) + 100 * seed + 1, name=name)
+
+
+def values(seed, n=6):
+    return (torch.arange(n, dtype=torch.float32) + 100 * seed + 1).tolist()
+
+
+def zeros(name, n=6):
+    return cm.cuda_like(torch.zeros(n), name=name)
+
+
+def plain(t):
+    return t.as_subclass(torch.Tensor).tolist()
+
+
+def logged(since, *kinds):
+    return [list(e) for e in cm.entries(since=since) if e[0] in kinds]
+
+
+def scenario(name):
+    def run(fn):
+        since = cm.mark()
+        try:
+            value = fn(since)
+        except Exception as exc:  # a scenario the runtime cannot run yet reports why, and the rest go on
+            value = {"error": f"{type(exc).__name__}: {exc}"}
+        cm.gpu_runs()
+        report("DEVICE", rank, name, value=value)
+
+    return run
+
+
+side = torch.cuda.Stream()  # the trainer's stream: every op below is issued from it
+
+
+@scenario("temporaries")
+def _(since):
+    """Scatter (a stack of the root's list) and the list reduce-scatter (a cat of the list),
+    blocking and async: the temporaries MPI reads, and whether any kernel on them was still
+    queued when MPI read them."""
+    got = {}
+    for async_op in (False, True):
+        with torch.cuda.stream(side):
+            k = 10 * async_op
+            parts = [data(f"scatter_in{async_op}{r}", k + r) for r in range(size)] if rank == 0 else None
+            out = zeros(f"scatter_out{async_op}")
+            handle = mcr.scatter(out, parts, src=0, backend="mpi", async_op=async_op)
+            if handle is not None:
+                handle.wait()
+            inputs = [data(f"rs_in{async_op}{r}", k + 3 + rank + size * r) for r in range(size)]
+            reduced = zeros(f"rs_out{async_op}")
+            handle = mcr.reduce_scatter(reduced, inputs, backend="mpi", async_op=async_op)
+            if handle is not None:
+                handle.wait()
+        got[str(async_op)] = {
+            "scatter": [plain(out), values(k + rank)],
+            "reduce_scatter": [
+                plain(reduced),
+                [sum(x) for x in zip(*(values(k + 3 + r + size * rank) for r in range(size)))],
+            ],
+        }
+    allocs = logged(since, "alloc")
+    return {
+        "results": got,
+        "reads": logged(since, "mpi_reads"),
+        "temporaries": [e for e in allocs if e[2].startswith(("stack", "cat", "empty"))],
+        "side": side.name,
+    }
+
+
+cm.gpu_runs(keep_up=True)
+mcr.finalize()

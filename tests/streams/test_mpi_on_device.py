@@ -1,0 +1,41 @@
+"""MPI on device memory beside NCCL, checked on the CPU tier (`tests.streams.cuda_model`): a
+CUDA-aware MPI (the real Open MPI, MCR_MPI_CUDA_AWARE=true, reading the stand-in's CudaLike
+tensors, which are CPU memory) and NCCL's model on 2 ranks. One run of scripts/mpi_on_device.py
+serves the module; each test reads its scenario. tests/gpu/test_mpi_on_device.py checks on a
+real GPU what one GPU can show (docs/testing.md)."""
+
+import os
+
+import pytest
+
+from tests.ranks import run_script
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "mpi_on_device.py")
+ENV = {"MCR_BACKENDS": "mpi,gloo,nccl", "MCR_MPI_CUDA_AWARE": "true"}
+
+
+@pytest.fixture(scope="module")
+def device():
+    result = run_script(2, SCRIPT, env=ENV).check()
+    found = result.tagged("DEVICE")
+
+    def scenario(name):
+        per_rank = [found.get(f"{rank} {name}") for rank in (0, 1)]
+        assert all(per_rank), f"{name}: a rank reported nothing:\n{result.output[-3000:]}"
+        for value in per_rank:
+            assert "error" not in value, f"{name}: {value['error']}"
+        return per_rank
+
+    return scenario
+
+
+def test_a_host_driven_ops_temporaries_are_made_before_its_ready_event(device):
+    for rank in device("temporaries"):
+        for async_op, ops in rank["results"].items():
+            for op, (got, want) in ops.items():
+                assert got == want, (async_op, op)
+        # MPI reads memory at once, on the host: no kernel on it may still be queued
+        assert [read for read in rank["reads"] if read[3]] == [], rank["reads"]
+        # each temporary made by the caller on the issuing stream (so before its ready event)
+        assert rank["temporaries"], "no temporary seen"
+        assert {(e[1], e[3]) for e in rank["temporaries"]} == {("MainThread", rank["side"])}, rank["temporaries"]
