@@ -17,11 +17,14 @@ runs the others:
 2. After `wait()`, work queued on the caller's current stream (the one current at the wait) is
    ordered after the op and its finishers: it waits on an event recorded after them
    (`StreamOrder.done`).
-3. Finishers (staging's copy-back, AVG's divide, copy-outs, unflatten) run on the issuing device
-   and stream, whichever thread completes the op (`StreamHandle`). Temporaries are kept by the
-   handle until its op is done; device ones are made on the issuing stream, where the finishers
-   that last use them run; pinned host ones go back to torch's host allocator, which holds a
-   block until the copies queued on it have run.
+3. Finishers (copy-outs from a packed temporary, staging's copy-back, AVG's divide, unflatten)
+   run on the issuing device and stream, whichever thread completes the op (`StreamHandle`):
+   nothing of the op runs on another stream (the MPI worker runs only the library call).
+   Temporaries are kept by the handle until its op is done; device ones are made on the issuing
+   stream, where the finishers that last use them run; pinned host ones go back to torch's host
+   allocator, which holds a block until the copies queued on it have run. An async op's own
+   tensors are recorded on the issuing stream (`record_on`): the caller may free them before its
+   finishers have run there, and they may have been made on another stream.
 4. Every rank binds its device from its local rank before MPI or NCCL start (`bind_device`), and
    every thread of the runtime binds it too (`mcr.threads`).
 
@@ -274,6 +277,19 @@ def _pinned(tensor, read: bool):
     return twin
 
 
+def record_on(stream, args) -> None:
+    """Tell the caching allocator that an async op's CUDA tensors are used on `stream` (its issuing
+    one): its staging copies and temporaries read them there at issue, its finishers write them
+    there once the op is done, after the call returned, and the caller may free them meanwhile. A
+    tensor made on another stream would go back to that stream's pool at once, and new work there
+    could take its block before these ran; `record_stream` holds it until they have (on the
+    tensor's own stream it costs the allocator nothing)."""
+    for arg in args:
+        for tensor in arg if isinstance(arg, list) else (arg,):
+            if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+                tensor.record_stream(stream)
+
+
 # --- running a route on CUDA tensors -------------------------------------------------------------
 class CudaRoute:
     """How one route's calls on CUDA tensors run: blocking (`run`) or async (`issue`), under the
@@ -365,6 +381,7 @@ class CudaRoute:
             if self.stream_ordered:
                 inner = self.fn(comm, *args, True)
             else:
+                record_on(order.stream, args)
                 host_args, copy_back = to_host(self.method, args) if self.staged else (args, None)
                 method, lib_args, finish = self.backend.prepare(self.method, comm, host_args)  # temporaries
                 order.mark_ready()

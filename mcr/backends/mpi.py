@@ -120,7 +120,7 @@ REDUCING_METHODS = frozenset({"all_reduce", "reduce", "reduce_scatter", "reduce_
 # `prepare`): every one whose blocking call takes no second communicator (the list all-to-all sends
 # on the twin).
 WORKER_METHODS = frozenset(
-    {"all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "gather", "scatter_packed"}
+    {"all_reduce", "reduce", "broadcast", "all_gather_into_tensor", "gather_packed", "scatter_packed"}
     | {"reduce_scatter_tensor", "all_to_all_single", "barrier"}
 )
 
@@ -202,8 +202,19 @@ class MPIBackend(Backend):
         return self.cuda_aware and not (method in REDUCING_METHODS and dtype in HALF_DTYPES)
 
     def prepare(self, method, comm, args):
-        """The list forms MPI runs on one packed tensor: scatter sends a stack of the root's list,
-        the list reduce-scatter reduces a cat of its list, both made here (`Backend.prepare`)."""
+        """The list forms MPI runs on one packed tensor, made here (`Backend.prepare`): scatter
+        sends a stack of the root's list, the list reduce-scatter reduces a cat of its list, the
+        list all-gather and gather receive into one and copy it out into the list."""
+        if method == "all_gather":
+            output_list, tensor = args
+            packed = _packed_like(tensor, len(output_list))
+            return "all_gather_into_tensor", (packed, tensor), _copy_out(packed, output_list)
+        if method == "gather":
+            tensor, gather_list, dst = args
+            if comm.Get_rank() != dst:
+                return "gather_packed", (tensor, None, dst), None
+            packed = _packed_like(tensor, len(gather_list))
+            return "gather_packed", (tensor, packed, dst), _copy_out(packed, gather_list)
         if method == "scatter":
             tensor, scatter_list, src = args
             packed = torch.stack([t.view_as(tensor) for t in scatter_list]) if comm.Get_rank() == src else None
@@ -393,31 +404,19 @@ class MPIBackend(Backend):
         g.Allgather(send, recv)
 
     def all_gather(self, g, output_list, tensor, async_op):
-        packed = torch.empty((len(output_list),) + tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device)
-        return self._then_copy_out(self.all_gather_into_tensor(g, packed, tensor, async_op), packed, output_list)
+        _, args, copy_out = self.prepare("all_gather", g, (output_list, tensor))
+        return _then(self.all_gather_into_tensor(g, *args, async_op), copy_out)
 
-    @staticmethod
-    def _then_copy_out(handle, packed, output_list):
-        def copy_out():
-            for out, part in zip(output_list, packed):
-                out.copy_(part.view_as(out))
-
-        if handle is None:
-            copy_out()
-            return None
-        return handle.then(copy_out)
-
-    def _gather_packed(self, g, tensor, packed, dst, async_op):
+    def gather_packed(self, g, tensor, packed, dst, async_op):
+        """Gather every rank's `tensor` into the root's `packed` (None elsewhere)."""
         recv = self._bytes(packed) if packed is not None else None
         if async_op:
             return from_mpi_request(g.Igather(self._bytes(tensor), recv, dst), (tensor, packed))
         g.Gather(self._bytes(tensor), recv, dst)
 
     def gather(self, g, tensor, gather_list, dst, async_op):
-        if g.Get_rank() != dst:
-            return self._gather_packed(g, tensor, None, dst, async_op)
-        packed = torch.empty((len(gather_list),) + tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device)
-        return self._then_copy_out(self._gather_packed(g, tensor, packed, dst, async_op), packed, gather_list)
+        _, args, copy_out = self.prepare("gather", g, (tensor, gather_list, dst))
+        return _then(self.gather_packed(g, *args, async_op), copy_out)
 
     def scatter_packed(self, g, tensor, packed, src, async_op):
         """Scatter the root's `packed` (its list stacked; None elsewhere) into `tensor`."""
@@ -503,6 +502,29 @@ class MPIBackend(Backend):
         if async_op:
             return from_mpi_request(g.Ibarrier())
         g.Barrier()
+
+
+def _packed_like(tensor, n):
+    """An empty tensor for `n` of `tensor`, stacked: on its device, on the current stream."""
+    return torch.empty((n,) + tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device)
+
+
+def _copy_out(packed, output_list):
+    def copy_out():
+        for out, part in zip(output_list, packed):
+            out.copy_(part.view_as(out))
+
+    return copy_out
+
+
+def _then(handle, finish):
+    """`finish` after the op: now for a blocking one (no handle), else as its handle's finisher."""
+    if finish is None:
+        return handle
+    if handle is None:
+        finish()
+        return None
+    return handle.then(finish)
 
 
 def _copy_own_block(out, inp):

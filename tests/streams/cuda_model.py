@@ -391,8 +391,6 @@ class CudaLike(torch.Tensor):
     def __torch_function__(cls, func, types_, args=(), kwargs=None):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if name == "record_stream":
-            return _record_stream(args[0], args[1])
         if name == "cpu" or (name == "to" and _target(args[1:], kwargs) == "cpu"):  # device to host
             _kernel("d2h", [args[0]])
             with torch._C.DisableTorchFunctionSubclass():
@@ -494,7 +492,8 @@ def _kernel(name, tensors, held=False) -> _Mark:
     return mark
 
 
-def _record_stream(tensor, stream_) -> None:
+def record_stream(tensor, stream_) -> None:
+    """Tensor.record_stream (torch's parses its stream before any override could see this one's)."""
     info = _info(tensor)
     with _lock:
         info.recorded.add(stream_)
@@ -815,6 +814,7 @@ def install() -> None:
     torch.futures.Future = CudaFuture
     torch.empty = empty
     torch.Tensor.to = to
+    torch.Tensor.record_stream = record_stream
     dist.ProcessGroupNCCL = ProcessGroupNCCLModel
     dist.is_nccl_available = lambda: True
     os.environ.setdefault("MCR_BACKENDS", "gloo,nccl")

@@ -39,3 +39,30 @@ def test_a_host_driven_ops_temporaries_are_made_before_its_ready_event(device):
         # each temporary made by the caller on the issuing stream (so before its ready event)
         assert rank["temporaries"], "no temporary seen"
         assert {(e[1], e[3]) for e in rank["temporaries"]} == {("MainThread", rank["side"])}, rank["temporaries"]
+
+
+def test_copy_out_runs_on_the_issuing_stream(device):
+    for rank in device("copy_out"):
+        for async_op, ops in rank["results"].items():
+            for op, (got, want) in ops.items():
+                assert got == want, (async_op, op)
+        for async_op, touched in rank["touched"].items():
+            assert touched and {stream for _, stream in touched} == {rank["side"]}, (async_op, touched)
+
+
+def test_a_tensor_touched_off_its_allocation_stream_is_recorded_there(device):
+    for rank in device("recorded"):
+        for op, (got, want) in rank["results"].items():
+            assert got == want, op
+        assert sorted(rank["freed"]) == sorted(rank["names"]), f"not freed: {rank['freed']}"
+        assert rank["freed"] == {name: [] for name in rank["names"]}, "touched off their stream unrecorded"
+
+
+def test_an_op_from_a_side_stream_whose_input_is_freed_at_once_and_output_consumed_there(device):
+    for rank in device("cross_stream"):
+        got, want = rank["results"]
+        assert got == want
+        assert rank["again"] == [-7.0] * 6  # the freed input's next owner kept its values
+        assert {stream for _, stream in rank["touched"]} == {rank["side"]}, rank["touched"]
+        assert rank["input_freed"] == [[]] and rank["freed_after_the_call"], "freed before MPI had read it"
+        assert rank["reads"] and all(read[3] == [] for read in rank["reads"]), rank["reads"]

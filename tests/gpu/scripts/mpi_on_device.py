@@ -7,6 +7,18 @@ order is the one that shows:
                    stream while the default stream sleeps: a stack or cat made on the MPI
                    worker's default stream, after the op's ready event, is still queued behind
                    the sleep when MPI reads it
+    copy-out       (CUDA-aware MPI) async list all-gather and gather from the side stream while
+                   the default stream sleeps: a copy-out from the packed result run on the
+                   worker's default stream lands after the consumer, which reads POISON
+    recorded       (staged MPI, any MPI) an async AVG all-reduce issued from the side stream on a
+                   tensor made on the default stream; the side stream then sleeps, so the op's
+                   copy-back and divide wait there; the caller frees the tensor and makes a new
+                   one of its size on the default stream: without `record_stream` the allocator
+                   hands it the freed block at once, and the pending copy-back overwrites it
+    cross-stream   (staged MPI; CUDA-aware MPI too where MPI reads device memory) an async list
+                   all-gather issued from the side stream, its input freed right after issue and
+                   a new tensor filled with -POISON there at once, the output consumed there
+                   while the default stream sleeps
 
     python -m launch.local -n 1 -m tests.gpu.scripts.mpi_on_device     # on a GPU
 
@@ -56,6 +68,64 @@ if aware:
         gpu.sync()
         for what, value, want in zip(("scatter", "reduce_scatter"), got, (made(10 * k + 1), made(10 * k + 2))):
             checks.expect("temporaries", f"async {what} round {k}", value.cpu(), want)
+
+# --- copy-out: on the issuing stream, as a finisher ---------------------------------------------------
+if aware:
+    for k in range(3):
+        gpu.sync()
+        with gpu.on(gpu.s1):
+            source = made(10 * k + 3).to(device)
+            listed = [torch.full((N,), POISON, device=device)]
+            gathered = [torch.full((N,), POISON, device=device)]
+        gpu.sync()
+        gpu.sleep(gpu.sleep_ms, gpu.default)
+        with gpu.on(gpu.s1):
+            for handle in (
+                mcr.all_gather(listed, source, async_op=True, backend="mpi"),
+                mcr.gather(source, gathered, dst=0, async_op=True, backend="mpi"),
+            ):
+                handle.wait()
+            got = [listed[0].clone(), gathered[0].clone()]  # the consumer, on the issuing stream
+        gpu.sync()
+        for what, value in zip(("all_gather", "gather"), got):
+            checks.expect("copy-out", f"async {what} round {k}", value.cpu(), made(10 * k + 3))
+
+
+# --- recorded: a tensor touched off its allocation stream is recorded there ---------------------------
+for k in range(3):
+    gpu.sync()
+    t = made(10 * k + 4).to(device)  # made on the default stream
+    gpu.sync()
+    with gpu.on(gpu.s1):
+        handle = mcr.all_reduce(t, op=mcr.ReduceOp.AVG, async_op=True, backend="mpi/host")
+        gpu.sleep(gpu.sleep_ms)  # the caller's next work: the copy-back and divide queue behind it
+        handle.wait()
+    del t, handle
+    junk = torch.full((N,), -POISON, device=device)  # on the default stream: t's block, if nothing held it
+    gpu.sync()
+    checks.expect("recorded", f"a new tensor in a freed one's place, round {k}", junk.cpu(), torch.full((N,), -POISON))
+    del junk
+
+
+# --- cross-stream: issued from a side stream, input freed at once, output consumed there -------------
+for backend in ["mpi/host"] + (["mpi"] if aware else []):
+    for k in range(3):
+        gpu.sync()
+        with gpu.on(gpu.s1):
+            outs = [torch.full((N,), POISON, device=device)]
+        gpu.sync()
+        gpu.sleep(gpu.sleep_ms, gpu.default)
+        with gpu.on(gpu.s1):
+            gpu.sleep(gpu.sleep_ms)  # a late producer
+            source = made(10 * k + 5).to(device)
+            handle = mcr.all_gather(outs, source, async_op=True, backend=backend)
+            del source
+            junk = torch.full((N,), -POISON, device=device)  # takes the input's block if nothing holds it
+            handle.wait()
+            got = torch.stack(outs)[0]
+        gpu.sync()
+        checks.expect("cross-stream", f"{backend} round {k}", got.cpu(), made(10 * k + 5))
+        del junk
 
 checks.report()
 mcr.finalize()

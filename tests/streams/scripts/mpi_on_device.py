@@ -132,5 +132,108 @@ def _(since):
     }
 
 
+def touches(since, names):
+    """(thread, stream) of every kernel that touched a storage of these labels since `since`."""
+    return sorted({(e[1], e[3]) for e in cm.entries(since=since) if e[0] == "touch" and set(e[4]) & set(names)})
+
+
+def freed(since, names):
+    """{label: the streams that touched it off its allocation stream unrecorded} for the storages
+    of these labels freed since `since`."""
+    return {e[2]: e[4] for e in cm.entries(since=since) if e[0] == "free" and e[2] in names}
+
+
+@scenario("copy_out")
+def _(since):
+    """The list all-gather and gather (their copy-outs from a packed temporary into the caller's
+    list), blocking and async, issued from the side stream: where the outputs were touched."""
+    got, where = {}, {}
+    for async_op in (False, True):
+        k = 20 + 10 * async_op
+        with torch.cuda.stream(side):
+            gathered = [zeros(f"ag_out{async_op}{r}") for r in range(size)]
+            mine = data(f"ag_in{async_op}", k + rank)
+            issued = cm.mark()
+            handle = mcr.all_gather(gathered, mine, backend="mpi", async_op=async_op)
+            if handle is not None:
+                handle.wait()
+            listed = [zeros(f"g_out{async_op}{r}") for r in range(size)] if rank == 0 else None
+            handle = mcr.gather(data(f"g_in{async_op}", k + 5 + rank), listed, dst=0, backend="mpi", async_op=async_op)
+            if handle is not None:
+                handle.wait()
+        outputs = [cm.label(t) for t in gathered + (listed or [])]
+        where[str(async_op)] = touches(issued, outputs)
+        got[str(async_op)] = {
+            "all_gather": [[plain(t) for t in gathered], [values(k + r) for r in range(size)]],
+            "gather": [[plain(t) for t in listed or []], [values(k + 5 + r) for r in range(size)] if rank == 0 else []],
+        }
+    return {"results": got, "touched": where, "side": side.name}
+
+
+@scenario("recorded")
+def _(since):
+    """Async ops issued from the side stream on tensors made on the default stream: a staged AVG
+    all-reduce (copied in and back, divided, on the issuing stream) and a CUDA-aware list
+    all-gather (copied out there); once done, the tensors are freed."""
+    t = data("staged", 40 + rank)
+    gathered = [zeros(f"rec_out{r}") for r in range(size)]
+    mine = data("rec_in", 45 + rank)
+    with torch.cuda.stream(side):
+        first = mcr.all_reduce(t, op=mcr.ReduceOp.AVG, backend="mpi/host", async_op=True)
+        second = mcr.all_gather(gathered, mine, backend="mpi", async_op=True)
+        first.wait()
+        second.wait()
+    results = {
+        "staged": [plain(t), [sum(x) / size for x in zip(*(values(40 + r) for r in range(size)))]],
+        "all_gather": [[plain(o) for o in gathered], [values(45 + r) for r in range(size)]],
+    }
+    cm.gpu_runs()
+    names = ["staged", "rec_in", *(f"rec_out{r}" for r in range(size))]
+    mark = cm.mark()
+    del t, gathered, mine, first, second
+    rt.in_flight.forget_completed()
+    return {
+        "results": results,
+        "freed": freed(mark, names),
+        "names": names,
+        "default": torch.cuda.default_stream().name,
+    }
+
+
+@scenario("cross_stream")
+def _(since):
+    """An async list all-gather issued from the side stream, its input made there and freed right
+    after issue, a new tensor made there at once (the freed block's next owner), the output
+    consumed there after wait()."""
+    with torch.cuda.stream(side):
+        gathered = [zeros(f"cs_out{r}") for r in range(size)]
+        source = data("cs_in", 60 + rank)
+        issued = cm.mark()
+        handle = mcr.all_gather(gathered, source, backend="mpi", async_op=True)
+        del source
+        again = cm.cuda_like(torch.full((6,), -7.0), name="cs_again")
+        handle.wait()
+        consumed = torch.stack(gathered)
+    results = [plain(consumed), [values(60 + r) for r in range(size)]]
+    kept = plain(again)
+    cm.gpu_runs()
+    del handle
+    rt.in_flight.forget_completed()
+    log = cm.entries(since=issued)
+    gathered_at = [
+        i for i, e in enumerate(log) if e[0] == "mpi_return" and e[2] in ("all_gather", "all_gather_into_tensor")
+    ]
+    input_freed_at = [i for i, e in enumerate(log) if e[0] == "free" and e[2] == "cs_in"]
+    return {
+        "results": results,
+        "again": kept,
+        "touched": touches(issued, [f"cs_out{r}" for r in range(size)]),
+        "input_freed": [e[4] for e in log if e[0] == "free" and e[2] == "cs_in"],
+        "freed_after_the_call": bool(gathered_at and input_freed_at and input_freed_at[0] > gathered_at[0]),
+        "reads": [e for e in log if e[0] == "mpi_reads" and e[2] == "cs_in"],
+        "side": side.name,
+    }
+
+
 cm.gpu_runs(keep_up=True)
 mcr.finalize()
