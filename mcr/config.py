@@ -41,6 +41,9 @@ class RuntimeConfig:
     # hand CUDA tensors to MPI as device pointers: auto (decided per MPI library, then checked by an
     # all-reduce on the GPU at start), true (the user says so; still checked), false (staged through host memory)
     mpi_cuda_aware: str = "auto"
+    # let a CUDA-aware MPI and NCCL run side by side on the GPU (unsupported by NCCL: they may
+    # deadlock); by default they take turns (`mcr.gpu_turns`)
+    mpi_nccl_concurrent: bool = False
 
     def backend_names(self) -> list:
         """The backends to start, in the registry's order."""
@@ -118,6 +121,7 @@ ENV_VARS = {
     "MCR_FR_DUMP_ON_FINALIZE": ("flight_recorder_dump_on_finalize", _flag),
     "MCR_TRACE_DIR": ("trace_dir", _text),
     "MCR_MPI_CUDA_AWARE": ("mpi_cuda_aware", _text),
+    "MCR_MPI_NCCL_CONCURRENT": ("mpi_nccl_concurrent", _flag),
 }
 
 

@@ -181,6 +181,22 @@ class StreamHandle:
             self._order.caller_waits()
         return True
 
+    @property
+    def host_done(self) -> bool:
+        """The op is over on the host: the library let go of its memory, its finishers are queued."""
+        return self._finished
+
+    def wait_host(self) -> None:
+        """Wait until `host_done` (under the watchdog, keeping MPI moving), ordering no stream of
+        the caller's; a failure is left to the op's own wait, which raises it."""
+        if not self._finished:
+            with self._lock:
+                if not self._finished:
+                    try:
+                        self._finish(waiting=True)
+                    except Exception:  # the op is over either way
+                        pass
+
     def is_completed(self) -> bool:
         """True once the GPU has run the op and its finishers; never blocks."""
         if self.done:
@@ -313,6 +329,8 @@ class CudaRoute:
         self.p2p = op.family == "send_recv"
         self.driven = backend.name in rt.driver.needed
         self.inner_op = op._replace(label=backend.name)  # mpi/host waits in MPI: rule 3 by the backend's name
+        # a host-driven library handed device memory (a CUDA-aware MPI) takes turns with NCCL
+        self.turns = rt.turns if native and not backend.stream_ordered else None
 
     def _entry(self, group, args, async_op):
         if self.openers is None:
@@ -321,9 +339,17 @@ class CudaRoute:
 
     def _ready_wait(self, order):
         """Rule 1 for a host-driven library: block until the issuing stream reached the op,
-        keeping MPI moving meanwhile (mixing rule 3: that stream may wait on another backend)."""
-        event, driver = order.ready, self.rt.driver
-        return lambda: driver.during(event.synchronize, event.query)
+        keeping MPI moving meanwhile (mixing rule 3: that stream may wait on another backend);
+        on device memory beside NCCL, also until NCCL's ops so far have run (`mcr.gpu_turns`)."""
+        event, driver, turns = order.ready, self.rt.driver, self.turns
+        if turns is None:
+            return lambda: driver.during(event.synchronize, event.query)
+
+        def ready_and_turn():
+            driver.during(event.synchronize, event.query)
+            turns.mpi_may_start(order.device)
+
+        return ready_and_turn
 
     def _refuse_capture(self):
         if torch.cuda.is_current_stream_capturing():
@@ -354,9 +380,10 @@ class CudaRoute:
             host_args, copy_back = to_host(self.method, args) if self.staged else (args, None)
             method, lib_args, finish = self.backend.prepare(self.method, comm, host_args)  # temporaries
             order.mark_ready()
-            self._ready_wait(order)()
-            started = perf_counter()
-            (self.fn if method == self.method else getattr(self.backend, method))(comm, *lib_args, False)
+            with nullcontext() if self.turns is None else self.turns.mpi_running():
+                self._ready_wait(order)()
+                started = perf_counter()
+                (self.fn if method == self.method else getattr(self.backend, method))(comm, *lib_args, False)
             if finish is not None:
                 finish()  # on the caller's stream, which is the issuing one
             if copy_back is not None:
@@ -394,6 +421,8 @@ class CudaRoute:
             raise rt.op_error(op, group, exc) from exc
         handle = self._stream_handle(inner, order, group, entry, comm_log)
         rt.hold(None if self.p2p else comm, handle, self.driven)
+        if self.turns is not None:
+            self.turns.mpi_issued(handle)
         if entry is not None:
             entry[RETURNED] = time_ns()
         return handle

@@ -49,6 +49,9 @@ class Backend:
     gpu_native: bool = False
     # True for a library that averages itself (NCCL's ncclAvg): AVG is not SUM and a divide there
     native_avg: bool = False
+    # True for a host-driven library handed device memory (a CUDA-aware MPI): its ops on the GPU
+    # and a GPU library's take turns there (`mcr.gpu_turns`)
+    drives_device_memory: bool = False
 
     @classmethod
     def start(cls, info, store, timeout_s: float, cfg=None) -> "Backend":

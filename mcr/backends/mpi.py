@@ -156,6 +156,7 @@ class MPIBackend(Backend):
         # device memory straight to MPI, decided per library, agreed by every rank and checked on the GPU
         decision = mpi_cuda.resolve(self.world, MPI, setting=cuda_aware, device=streams.bound_device())
         self.cuda_aware, self.cuda_aware_reason = decision.aware, decision.reason
+        self.drives_device_memory = decision.aware
         # CUDA tensors: straight to a CUDA-aware MPI, else staged by the runtime (`reads_device`)
         self.devices = frozenset({"cpu", "cuda"} if torch.cuda.is_available() else {"cpu"})
         self._dtypes = {

@@ -55,3 +55,12 @@ def test_an_op_from_a_side_stream_whose_input_is_freed_at_once_and_output_consum
     found = re.search(r"rank 0: gpu mpi cuda_aware=(True|False)", run.output)
     assert found, run.output[-3000:]
     assert_checks(run, "cross-stream", {0: 6 if found.group(1) == "True" else 3})
+
+
+def test_no_cuda_aware_mpi_op_starts_while_an_nccl_op_on_the_device_is_unfinished(run):
+    """At one rank: NCCL's op behind a sleep, MPI's after it (and the other way round). Fails a
+    runtime that starts MPI's call before the NCCL op ran, or launches NCCL while an MPI op issued
+    before it is in flight. One GPU cannot show the deadlock itself (that needs peers), nor the
+    concurrent option's overlap with a peer: the CPU tier shows those."""
+    cuda_aware(run)
+    assert_checks(run, "turns", {0: 12})

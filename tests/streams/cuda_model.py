@@ -363,7 +363,8 @@ def set_device(device) -> None:
 def get_device_properties(device=None):
     index = _device(device).index
     # one GPU per rank, as under CUDA_VISIBLE_DEVICES per rank: distinct UUIDs, or NCCL is dropped
-    uuid = f"GPU-model-{os.uname().nodename}-{os.environ.get('LOCAL_RANK', '0')}-{index}"
+    local_rank = os.environ.get("LOCAL_RANK") or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")  # torchrun, mpiexec
+    uuid = f"GPU-model-{os.uname().nodename}-{local_rank}-{index}"
     return types.SimpleNamespace(
         uuid=uuid, name="model GPU", major=CAPABILITY[0], minor=CAPABILITY[1], total_memory=1 << 34
     )

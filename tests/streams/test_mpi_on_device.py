@@ -66,3 +66,31 @@ def test_an_op_from_a_side_stream_whose_input_is_freed_at_once_and_output_consum
         assert {stream for _, stream in rank["touched"]} == {rank["side"]}, rank["touched"]
         assert rank["input_freed"] == [[]] and rank["freed_after_the_call"], "freed before MPI had read it"
         assert rank["reads"] and all(read[3] == [] for read in rank["reads"]), rank["reads"]
+
+
+def test_no_cuda_aware_mpi_op_starts_while_an_nccl_op_on_the_device_is_unfinished(device):
+    for rank in device("nccl_then_mpi") + device("untracked"):  # NCCL ops tracked, or not (recorder off)
+        got, want = rank["results"]
+        assert got == want
+        assert len(rank["calls"]) == 2 and all(call[3] == [] for call in rank["calls"]), rank["calls"]
+    for rank in device("mpi_then_nccl"):
+        assert rank["calls"] and all(call[3] == [] for call in rank["calls"]), rank["calls"]
+        assert rank["launched"] == 1 and rank["before_mpi_returned"] == [], rank["before_mpi_returned"]
+        for got, want in (rank["results"], rank["nccl"]):
+            assert got == want
+
+
+def test_running_cuda_aware_mpi_beside_nccl_is_an_explicit_option(device):
+    rank0, rank1 = device("concurrent")
+    # rank 0's NCCL launched while its all-gather was in flight (rank 1 joins it only after that)
+    assert len(rank0["before_mpi_returned"]) == 1, rank0
+    for rank in (rank0, rank1):
+        for got, want in (rank["results"], rank["nccl"]):
+            assert got == want
+
+
+def test_a_blocking_nccl_all_reduce_beside_cuda_aware_mpi_makes_as_few_python_calls(device):
+    # as test_a_blocking_nccl_all_reduce_makes_few_python_calls_in_mcr, in a job where the two take turns
+    for rank in device("call_count"):
+        assert rank["turns"]
+        assert len(rank["calls"]) <= 12, rank["calls"]

@@ -19,12 +19,19 @@ order is the one that shows:
                    all-gather issued from the side stream, its input freed right after issue and
                    a new tensor filled with -POISON there at once, the output consumed there
                    while the default stream sleeps
+    turns          (CUDA-aware MPI beside NCCL) an async NCCL all-reduce behind a sleep, then a
+                   blocking CUDA-aware all-gather from an idle stream: MPI's call must start only
+                   once the NCCL op has run; then an async CUDA-aware all-gather behind a sleep
+                   and a blocking NCCL all-reduce from an idle stream: it must return only once
+                   MPI's call has (the MPI backend's call is observed, not changed)
 
     python -m launch.local -n 1 -m tests.gpu.scripts.mpi_on_device     # on a GPU
 
 Prints `rank 0: gpu mpi cuda_aware=BOOL: WHY`, `rank 0: gpu LABEL OK N checks` per label (the
 CUDA-aware ones only where MPI reads device memory) and `rank 0: gpu finalize OK`.
 """
+
+import threading
 
 import torch
 
@@ -126,6 +133,46 @@ for backend in ["mpi/host"] + (["mpi"] if aware else []):
         gpu.sync()
         checks.expect("cross-stream", f"{backend} round {k}", got.cpu(), made(10 * k + 5))
         del junk
+
+# --- turns: a CUDA-aware MPI op and NCCL ops never on the GPU at once ----------------------------------
+if aware:
+    mpi = rt.backends["mpi"]
+    gather, seen = mpi.all_gather_into_tensor, {}
+    returned = threading.Event()
+
+    def observed_gather(*args):
+        seen["nccl ran"] = nccl_work.is_completed() if nccl_work is not None else None
+        try:
+            return gather(*args)
+        finally:
+            returned.set()
+
+    mpi.all_gather_into_tensor = observed_gather  # before its route is made: the route calls this one
+    for k in range(3):
+        gpu.sync()
+        with gpu.on(gpu.s2):
+            gpu.sleep(gpu.sleep_ms)
+            nccl_work = mcr.all_reduce(made(10 * k + 6).to(device), async_op=True, backend="nccl")
+        with gpu.on(gpu.s1):
+            outs = [torch.full((N,), POISON, device=device)]
+            mcr.all_gather(outs, made(10 * k + 7).to(device), backend="mpi")
+        checks.expect_true("turns", f"MPI started after the NCCL op ran, round {k}", seen.get("nccl ran") is True, seen)
+        nccl_work.wait()
+        gpu.sync()
+        checks.expect("turns", f"the all-gather, round {k}", outs[0].cpu(), made(10 * k + 7))
+        nccl_work, returned = None, threading.Event()
+        with gpu.on(gpu.s1):
+            gpu.sleep(gpu.sleep_ms)  # the all-gather's ready event comes after it
+            outs = [torch.full((N,), POISON, device=device)]
+            handle = mcr.all_gather(outs, made(10 * k + 8).to(device), async_op=True, backend="mpi")
+        with gpu.on(gpu.s2):
+            y = made(10 * k + 9).to(device)
+            mcr.all_reduce(y, backend="nccl")
+            checks.expect_true("turns", f"NCCL launched after MPI's call returned, round {k}", returned.is_set())
+        with gpu.on(gpu.s1):
+            handle.wait()
+        gpu.sync()
+        checks.expect("turns", f"the async all-gather, round {k}", outs[0].cpu(), made(10 * k + 8))
 
 checks.report()
 mcr.finalize()

@@ -9,7 +9,9 @@ What MPI does is observed, not changed: each call of the MPI backend's op method
 each buffer handed to MPI as `mpi_reads` (with the kernels queued on that memory and not yet run:
 MPI reads device memory on the host, at once, so any such kernel is a race)."""
 
+import sys
 import threading
+import time
 
 from tests.streams import cuda_model as cm
 
@@ -20,10 +22,6 @@ import torch  # noqa: E402
 import mcr  # noqa: E402
 from tests.report import report  # noqa: E402
 
-rt = mcr.init()
-rank, size = rt.rank, rt.world_size
-mpi = rt.backends["mpi"]
-assert mpi.cuda_aware, mpi.cuda_aware_reason
 _depth = threading.local()
 
 
@@ -44,20 +42,29 @@ def observed(name, fn):
 
 
 OPS = "all_reduce reduce broadcast all_gather all_gather_into_tensor gather scatter reduce_scatter"
-for name in (OPS + " reduce_scatter_tensor all_to_all all_to_all_single gather_packed scatter_packed").split():
-    if hasattr(mpi, name):
-        setattr(mpi, name, observed(name, getattr(mpi, name)))
-_memory = mpi._mem
+OPS += " reduce_scatter_tensor all_to_all all_to_all_single gather_packed scatter_packed"
 
 
-def observed_memory(address, nbytes):
-    found = cm.unfinished_at(address)
-    if found is not None:
-        cm.log("mpi_reads", *found)
-    return _memory(address, nbytes)
+def observe(mpi) -> None:
+    """Log each call of the MPI backend's ops and each buffer it hands MPI (observed, not changed)."""
+    assert mpi.cuda_aware, mpi.cuda_aware_reason
+    for name in OPS.split():
+        if hasattr(mpi, name):
+            setattr(mpi, name, observed(name, getattr(mpi, name)))
+    memory = mpi._mem
+
+    def observed_memory(address, nbytes):
+        found = cm.unfinished_at(address)
+        if found is not None:
+            cm.log("mpi_reads", *found)
+        return memory(address, nbytes)
+
+    mpi._mem = observed_memory
 
 
-mpi._mem = observed_memory
+rt = mcr.init()
+rank, size = rt.rank, rt.world_size
+observe(rt.backends["mpi"])
 
 
 def data(name, seed, n=6):
@@ -233,6 +240,134 @@ def _(since):
         "reads": [e for e in log if e[0] == "mpi_reads" and e[2] == "cs_in"],
         "side": side.name,
     }
+
+
+def wait_for(condition, timeout):
+    """True once `condition()` holds (checked every millisecond), False after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1e-3)
+    return True
+
+
+def nccl_then_mpi(since, name):
+    """NCCL ops the GPU has not run yet (in the stand-in NCCL's kernels run only when the host
+    synchronizes on them: their peers are elsewhere), then CUDA-aware MPI ops, blocking and async:
+    the NCCL kernels still queued when each MPI call started."""
+    other = torch.cuda.Stream()  # NCCL's blocking op on a stream the MPI ops' ready events do not follow
+    with torch.cuda.stream(other):
+        mcr.all_reduce(data(f"{name}_nccl0", 70 + rank), backend="nccl")
+    with torch.cuda.stream(side):
+        mcr.all_reduce(data(f"{name}_nccl1", 71 + rank), async_op=True, backend="nccl")
+        first = [zeros(f"{name}_out0{r}") for r in range(size)]
+        mcr.all_gather(first, data(f"{name}_in0", 72 + rank), backend="mpi")
+        mcr.all_reduce(data(f"{name}_nccl2", 73 + rank), async_op=True, backend="nccl")
+        second = [zeros(f"{name}_out1{r}") for r in range(size)]
+        mcr.all_gather(second, data(f"{name}_in1", 74 + rank), backend="mpi", async_op=True).wait()
+    return {
+        "calls": logged(since, "mpi_call"),
+        "results": [[plain(t) for t in first + second], [values(k + r) for k in (72, 74) for r in range(size)]],
+    }
+
+
+@scenario("nccl_then_mpi")
+def _(since):
+    return nccl_then_mpi(since, "nm")
+
+
+def meets_mpi(since, main):
+    """Rank 0's NCCL call has met the MPI op in flight: it launched, or its thread waits in it."""
+
+    def met():
+        waiting = rt.waits.get(main)
+        in_mpi = waiting is not None and (waiting[0].family, waiting[0].label) == ("all_gather", "mpi")
+        return in_mpi or any(e[0] == "launch" for e in cm.entries(since=since))
+
+    return met
+
+
+def mpi_then_nccl(since, name):
+    """An async CUDA-aware all-gather on the MPI worker, then a blocking NCCL all-reduce. Rank 1
+    issues its all-gather only once rank 0's NCCL call has launched or waits for the all-gather,
+    so rank 0's all-gather is in flight (it cannot return before rank 1 joins) when its NCCL call
+    comes."""
+    gathered = [zeros(f"{name}_out{r}") for r in range(size)]
+    mine, other = data(f"{name}_in", 80 + rank), data(f"{name}_nccl", 85 + rank)
+    go = f"{name}-go"
+    if rank == 1:
+        rt.store.wait([go])
+    with torch.cuda.stream(side):
+        handle = mcr.all_gather(gathered, mine, backend="mpi", async_op=True)
+        if rank == 0:
+            met = meets_mpi(cm.mark(), threading.get_ident())
+            threading.Thread(target=lambda: wait_for(met, 60) and rt.store.set(go, "1"), daemon=True).start()
+        mcr.all_reduce(other, backend="nccl")
+        handle.wait()
+    log = cm.entries(since=since)
+    called = [i for i, e in enumerate(log) if e[:2] == ("mpi_call", "mcr-mpi-worker")]
+    returned = [i for i, e in enumerate(log) if e[:2] == ("mpi_return", "mcr-mpi-worker")]
+    launched = [i for i, e in enumerate(log) if e[0] == "launch"]
+    return {
+        "before_mpi_returned": [log[i] for i in launched if not returned or i < returned[0]],
+        "launched": len(launched),
+        "calls": [log[i] for i in called],
+        "results": [[plain(t) for t in gathered], [values(80 + r) for r in range(size)]],
+        "nccl": [plain(other), [sum(x) for x in zip(*(values(85 + r) for r in range(size)))]],
+    }
+
+
+@scenario("mpi_then_nccl")
+def _(since):
+    return mpi_then_nccl(since, "mn")
+
+
+@scenario("call_count")
+def _(since):
+    """A blocking NCCL all-reduce's Python calls in mcr in this job (CUDA-aware MPI beside NCCL,
+    none in flight), counted as tests/streams/scripts/nccl_contract.py counts them."""
+    t = data("cc", rank)
+    mcr.all_reduce(t)  # the route is made: count a call of a made route
+    mcr_dir = mcr.__path__[0]
+    calls = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code.co_filename.startswith(mcr_dir):
+            calls.append(f"{frame.f_code.co_filename[len(mcr_dir) + 1 :]}:{frame.f_code.co_name}")
+
+    sys.setprofile(profile)
+    mcr.all_reduce(t)
+    sys.setprofile(None)
+    return {"calls": calls, "turns": getattr(rt, "turns", None) is not None}
+
+
+cm.gpu_runs(keep_up=True)
+mcr.finalize()
+cm.gpu_runs()
+
+
+@scenario("untracked")
+def _(since):
+    """The runtime started again with no flight recorder: NCCL's blocking ops leave no event."""
+    global rt
+    rt = mcr.init(flight_recorder=0)
+    observe(rt.backends["mpi"])
+    return nccl_then_mpi(since, "un")
+
+
+cm.gpu_runs(keep_up=True)
+mcr.finalize()
+cm.gpu_runs()
+
+
+@scenario("concurrent")
+def _(since):
+    """The runtime started again with mpi_nccl_concurrent: the two run side by side."""
+    global rt
+    rt = mcr.init(mpi_nccl_concurrent=True)
+    observe(rt.backends["mpi"])
+    return mpi_then_nccl(since, "cc")
 
 
 cm.gpu_runs(keep_up=True)
