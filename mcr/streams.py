@@ -10,7 +10,8 @@ runs the others:
    `Backend.stream_ordered`) is called on the caller's thread, where that stream is current.
    A host-driven library (MPI, CUDA-aware or staged through host memory; gloo on what
    the runtime stages for it) gets the memory only once an event recorded on that stream at
-   issue has completed (`StreamOrder.ready`), on the issuing thread or on the backend's worker.
+   issue has completed (`StreamOrder.ready`, an event of the route's, reused), on the issuing
+   thread or on the backend's worker, which polls it itself (`MPIDriver.wait_gpu`).
    The device temporaries it reads (scatter's stacked list, the list reduce-scatter's cat) are
    made by the caller on that stream before the event (`Backend.prepare`): the library reads
    them at once, on the host, so a kernel queued after the event could still be filling them.
@@ -39,6 +40,7 @@ runs for CPU tensors: their routes never reach this module.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from functools import partial
 from threading import Lock, get_ident
 from time import perf_counter, time_ns
 
@@ -102,10 +104,11 @@ class StreamOrder:
             self._started = torch.cuda.Event(enable_timing=True)
             self._started.record(self.stream)
 
-    def mark_ready(self) -> None:
-        """After the producers' work (and staging's copies to the host) on the issuing stream."""
-        self.ready = torch.cuda.Event()
-        self.ready.record(self.stream)
+    def mark_ready(self, event) -> None:
+        """Record `event` (a new one, or one whose last record was waited for) after the producers'
+        work (and staging's copies to the host) on the issuing stream."""
+        self.ready = event
+        event.record(self.stream)
 
     def on_stream(self):
         """Run what follows on the issuing device and stream (from any thread)."""
@@ -331,25 +334,26 @@ class CudaRoute:
         self.inner_op = op._replace(label=backend.name)  # mpi/host waits in MPI: rule 3 by the backend's name
         # a host-driven library handed device memory (a CUDA-aware MPI) takes turns with NCCL
         self.turns = rt.turns if native and not backend.stream_ordered else None
+        self._events = []  # ready events waited for, recorded again by the next call (none made per call)
 
     def _entry(self, group, args, async_op):
         if self.openers is None:
             return None
         return self.openers[async_op](group, args[1] if self.p2p else None)
 
-    def _ready_wait(self, order):
-        """Rule 1 for a host-driven library: block until the issuing stream reached the op,
-        keeping MPI moving meanwhile (mixing rule 3: that stream may wait on another backend);
-        on device memory beside NCCL, also until NCCL's ops so far have run (`mcr.gpu_turns`)."""
-        event, driver, turns = order.ready, self.rt.driver, self.turns
-        if turns is None:
-            return lambda: driver.during(event.synchronize, event.query)
+    def _mark_ready(self, order) -> None:
+        events = self._events
+        order.mark_ready(events.pop() if events else torch.cuda.Event())
 
-        def ready_and_turn():
-            driver.during(event.synchronize, event.query)
-            turns.mpi_may_start(order.device)
-
-        return ready_and_turn
+    def _wait_ready(self, order) -> None:
+        """Rule 1 for a host-driven library: block until the issuing stream reached the op, on
+        this thread, keeping MPI moving meanwhile (mixing rule 3: that stream may wait on another
+        backend); on device memory beside NCCL, first until NCCL's ops so far have run
+        (`mcr.gpu_turns`). The event is then free for the next call."""
+        if self.turns is not None:
+            self.turns.mpi_may_start(order.device)
+        self.rt.driver.wait_gpu(order.ready)
+        self._events.append(order.ready)
 
     def _refuse_capture(self):
         if torch.cuda.is_current_stream_capturing():
@@ -379,9 +383,9 @@ class CudaRoute:
             order = StreamOrder(self.device_of(args))
             host_args, copy_back = to_host(self.method, args) if self.staged else (args, None)
             method, lib_args, finish = self.backend.prepare(self.method, comm, host_args)  # temporaries
-            order.mark_ready()
+            self._mark_ready(order)
             with nullcontext() if self.turns is None else self.turns.mpi_running():
-                self._ready_wait(order)()
+                self._wait_ready(order)
                 started = perf_counter()
                 (self.fn if method == self.method else getattr(self.backend, method))(comm, *lib_args, False)
             if finish is not None:
@@ -411,8 +415,8 @@ class CudaRoute:
                 record_on(order.stream, args)
                 host_args, copy_back = to_host(self.method, args) if self.staged else (args, None)
                 method, lib_args, finish = self.backend.prepare(self.method, comm, host_args)  # temporaries
-                order.mark_ready()
-                inner = self.backend.issue_after(self._ready_wait(order), method, comm, lib_args)
+                self._mark_ready(order)
+                inner = self.backend.issue_after(partial(self._wait_ready, order), method, comm, lib_args)
                 if finish is not None:
                     inner.then(finish)  # the first finishers: copy-outs, staging's copy-back, then AVG's divide
                 if copy_back is not None:

@@ -24,7 +24,10 @@ queue of kernels and event records; an item runs with everything before it on it
 everything that stream waited on before it, as on a GPU. NCCL's kernels are held (they need their
 peers): they run only when the host synchronizes on them (an event after them, their stream, the
 device) or a test calls `gpu_runs()`, so "still in flight" is a state a test can hold; other work
-runs when the host synchronizes on it or polls an event after it (`query`).
+runs when the host synchronizes on it or polls an event after it (`query`). So a host that only
+polls an event queued behind an NCCL kernel (the runtime's wait for a host library's ready event,
+on a stream that ran a blocking NCCL op) waits until something synchronizes: a scenario doing
+that synchronizes first, as NCCL's peers would let the kernel end.
 
 The caching allocator's view of CUDA memory is modelled too: each storage of a CudaLike tensor
 has its allocation stream (the current stream where it was made: `cuda_like`,

@@ -94,3 +94,12 @@ def test_a_blocking_nccl_all_reduce_beside_cuda_aware_mpi_makes_as_few_python_ca
     for rank in device("call_count"):
         assert rank["turns"]
         assert len(rank["calls"]) <= 12, rank["calls"]
+
+
+def test_a_staged_call_reuses_its_ready_event_and_waits_for_it_on_its_own_thread(device):
+    for rank in device("staged_waits"):
+        assert rank["new_events"] == 1, rank  # the async call's done event; the ready events are reused
+        assert rank["handed"] == [], "a wait was handed to the driver thread"
+        assert {"MainThread", "mcr-mpi-worker"} <= set(rank["waited_on"]), rank["waited_on"]  # each waits itself
+        got, want = rank["result"]
+        assert got == want

@@ -323,6 +323,29 @@ def _(since):
     return mpi_then_nccl(since, "mn")
 
 
+@scenario("staged_waits")
+def _(since):
+    """Staged all-reduces, blocking then async (the route made by a first call): the events each
+    makes, and the waits it hands to MPI's driver thread (observed, not changed)."""
+    handed = []
+    during = rt.driver.during
+    rt.driver.during = lambda *args: (handed.append(threading.current_thread().name), during(*args))[1]
+    try:
+        t = data("sw", 90 + rank)
+        mcr.all_reduce(t, backend="mpi/host")
+        made = cm.mark()
+        mcr.all_reduce(t, backend="mpi/host")
+        mcr.all_reduce(t, backend="mpi/host", async_op=True).wait()
+    finally:
+        rt.driver.during = during
+    return {
+        "new_events": len(logged(made, "new_event")),
+        "handed": handed,
+        "waited_on": sorted({e[1] for e in cm.entries(since=made) if e[0] in ("query", "sync")}),
+        "result": [plain(t), [4 * sum(x) for x in zip(*(values(90 + r) for r in range(size)))]],
+    }
+
+
 @scenario("call_count")
 def _(since):
     """A blocking NCCL all-reduce's Python calls in mcr in this job (CUDA-aware MPI beside NCCL,
