@@ -44,6 +44,9 @@ class RuntimeConfig:
     # two ranks on one GPU, or a local rank wrapped around the GPUs it sees: an error at start-up
     # instead of a warning (mcr.topology.binding_problems)
     strict_binding: bool = False
+    # let a CUDA-aware MPI and NCCL run side by side on the GPU (unsupported by NCCL: they may
+    # deadlock); by default they take turns (`mcr.gpu_turns`)
+    mpi_nccl_concurrent: bool = False
 
     def backend_names(self) -> list:
         """The backends to start, in the registry's order."""
@@ -122,6 +125,7 @@ ENV_VARS = {
     "MCR_TRACE_DIR": ("trace_dir", _text),
     "MCR_MPI_CUDA_AWARE": ("mpi_cuda_aware", _text),
     "MCR_STRICT_BINDING": ("strict_binding", _flag),
+    "MCR_MPI_NCCL_CONCURRENT": ("mpi_nccl_concurrent", _flag),
 }
 
 

@@ -53,6 +53,7 @@ from .commlog import CommLog
 from .config import ConfigError, RuntimeConfig
 from .debug import CallChecker
 from .flight import DONE, RETURNED, FlightRecorder
+from .gpu_turns import GpuTurns
 from .group import Group, route_key
 from .inflight import InFlight
 from .mpi_driver import MPIDriver
@@ -119,6 +120,7 @@ class Runtime:
         self.watch = self._watched_wait  # bound once: every async handle carries it
         self.in_flight = InFlight()  # every async op's handle until its op completes (mcr.inflight)
         self.driver = MPIDriver(self.backends, self.in_flight)  # rule 3: MPI moves while this rank waits elsewhere
+        self.turns = self._gpu_turns(cfg)  # a CUDA-aware MPI and NCCL take turns on the GPU (None: no need)
         self._checker = self._call_checker(cfg)
         # where call() adds nothing to a ready blocking route (no per-call check, no profiler
         # span), api.all_reduce runs the route's prepared function itself: the hot path
@@ -153,6 +155,16 @@ class Runtime:
         for backend in self.backends.values():
             backend.end_job()
         os._exit(1)
+
+    def _gpu_turns(self, cfg):
+        """`GpuTurns` where a GPU library (NCCL) and a host-driven library handed device memory (a
+        CUDA-aware MPI) both run here, unless `mpi_nccl_concurrent` lets them run side by side."""
+        backends = self.backends.values()
+        if cfg.mpi_nccl_concurrent or not any(b.gpu_native for b in backends):
+            return None
+        if not any(b.drives_device_memory for b in backends):
+            return None
+        return GpuTurns(self.stream_ops, self.driver, tracked=self.recorder is not None)
 
     def _progress_thread(self, cfg):
         """The thread that completes async ops nobody waits on (`mcr.progress`); none where the
@@ -321,6 +333,8 @@ class Runtime:
 
     def _gpu_batch(self, batch, routes):
         group, backend = batch[0][0], routes[0].backend
+        if self.turns is not None and self.turns.mpi:
+            self.turns.nccl_may_launch()
         entries = None
         if self.recorder is not None:
             entries = tuple(

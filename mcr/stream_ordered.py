@@ -77,6 +77,14 @@ class StreamOps:
                     comm_log.record(op[0], started.elapsed_time(ended) / 1e3)
         return None
 
+    def oldest(self):
+        """The oldest op the GPU has not run (its Work or event), once the ones it has are
+        settled; None where there is none."""
+        if self.settle() is None:
+            return None
+        with self._lock:
+            return self._ops[0][0] if self._ops else None
+
 
 class StreamOrderedRoute:
     """One route's calls on a stream-ordered library: `run` (blocking) and `issue` (async),
@@ -89,10 +97,16 @@ class StreamOrderedRoute:
         recorder = rt.recorder if route is not None else None
         self.openers = None if recorder is None else [recorder.opener(route, method, a) for a in (False, True)]
         self._timer = None  # the stream an async op's end is timed on, where the comm log is on
+        # CUDA-aware MPI ops in flight, which an NCCL op waits for (`mcr.gpu_turns`); () in a job without
+        self._mpi = rt.turns.mpi if rt.turns is not None else ()
+        # the runtime's own steps (route None) are tracked too where CUDA-aware MPI waits for them
+        self._kept = rt.turns is not None and route is None
 
     def run(self, group, args) -> None:
         """The blocking call: on the caller's current stream; returns once it is queued there."""
         rt = self.rt
+        if self._mpi:
+            rt.turns.nccl_may_launch()
         entry = self.openers[0](group, args[1] if self.p2p else None) if self.openers is not None else None
         comm_log = rt.comm_log
         capturing = torch.cuda.is_current_stream_capturing()
@@ -103,7 +117,7 @@ class StreamOrderedRoute:
             self.fn(self.comm, *args, False)
         except Exception as exc:
             raise rt.op_error(self.op, group, exc) from exc
-        if capturing or (entry is None and comm_log is None):
+        if capturing or (entry is None and comm_log is None and not self._kept):
             return
         done = torch.cuda.Event(enable_timing=comm_log is not None)
         done.record()
@@ -112,6 +126,8 @@ class StreamOrderedRoute:
     def issue(self, group, args):
         """The async call: torch's Work, as its own async call returns it."""
         rt = self.rt
+        if self._mpi:
+            rt.turns.nccl_may_launch()
         entry = self.openers[1](group, args[1] if self.p2p else None) if self.openers is not None else None
         comm_log = rt.comm_log
         capturing = torch.cuda.is_current_stream_capturing()

@@ -10,15 +10,22 @@ runs the others:
    `Backend.stream_ordered`) is called on the caller's thread, where that stream is current.
    A host-driven library (MPI, CUDA-aware or staged through host memory; gloo on what
    the runtime stages for it) gets the memory only once an event recorded on that stream at
-   issue has completed (`StreamOrder.ready`), on the issuing thread or on the backend's worker.
+   issue has completed (`StreamOrder.ready`, an event of the route's, reused), on the issuing
+   thread or on the backend's worker, which polls it itself (`MPIDriver.wait_gpu`).
+   The device temporaries it reads (scatter's stacked list, the list reduce-scatter's cat) are
+   made by the caller on that stream before the event (`Backend.prepare`): the library reads
+   them at once, on the host, so a kernel queued after the event could still be filling them.
 2. After `wait()`, work queued on the caller's current stream (the one current at the wait) is
    ordered after the op and its finishers: it waits on an event recorded after them
    (`StreamOrder.done`).
-3. Finishers (staging's copy-back, AVG's divide, copy-outs, unflatten) run on the issuing device
-   and stream, whichever thread completes the op (`StreamHandle`). Temporaries are kept by the
-   handle until its op is done; device ones are made on the issuing stream, where the finishers
-   that last use them run; pinned host ones go back to torch's host allocator, which holds a
-   block until the copies queued on it have run.
+3. Finishers (copy-outs from a packed temporary, staging's copy-back, AVG's divide, unflatten)
+   run on the issuing device and stream, whichever thread completes the op (`StreamHandle`):
+   nothing of the op runs on another stream (the MPI worker runs only the library call).
+   Temporaries are kept by the handle until its op is done; device ones are made on the issuing
+   stream, where the finishers that last use them run; pinned host ones go back to torch's host
+   allocator, which holds a block until the copies queued on it have run. An async op's own
+   tensors are recorded on the issuing stream (`record_on`): the caller may free them before its
+   finishers have run there, and they may have been made on another stream.
 4. Every rank binds its device from its local rank before MPI or NCCL start (`bind_device`), and
    every thread of the runtime binds it too (`mcr.threads`).
 
@@ -33,6 +40,7 @@ runs for CPU tensors: their routes never reach this module.
 from __future__ import annotations
 
 from contextlib import nullcontext
+from functools import partial
 from threading import Lock, get_ident
 from time import perf_counter, time_ns
 
@@ -96,10 +104,11 @@ class StreamOrder:
             self._started = torch.cuda.Event(enable_timing=True)
             self._started.record(self.stream)
 
-    def mark_ready(self) -> None:
-        """After the producers' work (and staging's copies to the host) on the issuing stream."""
-        self.ready = torch.cuda.Event()
-        self.ready.record(self.stream)
+    def mark_ready(self, event) -> None:
+        """Record `event` (a new one, or one whose last record was waited for) after the producers'
+        work (and staging's copies to the host) on the issuing stream."""
+        self.ready = event
+        event.record(self.stream)
 
     def on_stream(self):
         """Run what follows on the issuing device and stream (from any thread)."""
@@ -174,6 +183,22 @@ class StreamHandle:
         if not on_issuing:
             self._order.caller_waits()
         return True
+
+    @property
+    def host_done(self) -> bool:
+        """The op is over on the host: the library let go of its memory, its finishers are queued."""
+        return self._finished
+
+    def wait_host(self) -> None:
+        """Wait until `host_done` (under the watchdog, keeping MPI moving), ordering no stream of
+        the caller's; a failure is left to the op's own wait, which raises it."""
+        if not self._finished:
+            with self._lock:
+                if not self._finished:
+                    try:
+                        self._finish(waiting=True)
+                    except Exception:  # the op is over either way
+                        pass
 
     def is_completed(self) -> bool:
         """True once the GPU has run the op and its finishers; never blocks."""
@@ -271,6 +296,19 @@ def _pinned(tensor, read: bool):
     return twin
 
 
+def record_on(stream, args) -> None:
+    """Tell the caching allocator that an async op's CUDA tensors are used on `stream` (its issuing
+    one): its staging copies and temporaries read them there at issue, its finishers write them
+    there once the op is done, after the call returned, and the caller may free them meanwhile. A
+    tensor made on another stream would go back to that stream's pool at once, and new work there
+    could take its block before these ran; `record_stream` holds it until they have (on the
+    tensor's own stream it costs the allocator nothing)."""
+    for arg in args:
+        for tensor in arg if isinstance(arg, list) else (arg,):
+            if isinstance(tensor, torch.Tensor) and tensor.is_cuda:
+                tensor.record_stream(stream)
+
+
 # --- running a route on CUDA tensors -------------------------------------------------------------
 class CudaRoute:
     """How one route's calls on CUDA tensors run: blocking (`run`) or async (`issue`), under the
@@ -294,17 +332,28 @@ class CudaRoute:
         self.p2p = op.family == "send_recv"
         self.driven = backend.name in rt.driver.needed
         self.inner_op = op._replace(label=backend.name)  # mpi/host waits in MPI: rule 3 by the backend's name
+        # a host-driven library handed device memory (a CUDA-aware MPI) takes turns with NCCL
+        self.turns = rt.turns if native and not backend.stream_ordered else None
+        self._events = []  # ready events waited for, recorded again by the next call (none made per call)
 
     def _entry(self, group, args, async_op):
         if self.openers is None:
             return None
         return self.openers[async_op](group, args[1] if self.p2p else None)
 
-    def _ready_wait(self, order):
-        """Rule 1 for a host-driven library: block until the issuing stream reached the op,
-        keeping MPI moving meanwhile (mixing rule 3: that stream may wait on another backend)."""
-        event, driver = order.ready, self.rt.driver
-        return lambda: driver.during(event.synchronize, event.query)
+    def _mark_ready(self, order) -> None:
+        events = self._events
+        order.mark_ready(events.pop() if events else torch.cuda.Event())
+
+    def _wait_ready(self, order) -> None:
+        """Rule 1 for a host-driven library: block until the issuing stream reached the op, on
+        this thread, keeping MPI moving meanwhile (mixing rule 3: that stream may wait on another
+        backend); on device memory beside NCCL, first until NCCL's ops so far have run
+        (`mcr.gpu_turns`). The event is then free for the next call."""
+        if self.turns is not None:
+            self.turns.mpi_may_start(order.device)
+        self.rt.driver.wait_gpu(order.ready)
+        self._events.append(order.ready)
 
     def _refuse_capture(self):
         if torch.cuda.is_current_stream_capturing():
@@ -333,12 +382,16 @@ class CudaRoute:
                 return
             order = StreamOrder(self.device_of(args))
             host_args, copy_back = to_host(self.method, args) if self.staged else (args, None)
-            order.mark_ready()
-            self._ready_wait(order)()
-            started = perf_counter()
-            self.fn(comm, *host_args, False)
+            method, lib_args, finish = self.backend.prepare(self.method, comm, host_args)  # temporaries
+            self._mark_ready(order)
+            with nullcontext() if self.turns is None else self.turns.mpi_running():
+                self._wait_ready(order)
+                started = perf_counter()
+                (self.fn if method == self.method else getattr(self.backend, method))(comm, *lib_args, False)
+            if finish is not None:
+                finish()  # on the caller's stream, which is the issuing one
             if copy_back is not None:
-                copy_back()  # on the caller's stream, which is the issuing one
+                copy_back()
         except Exception as exc:
             raise rt.op_error(op, group, exc) from exc
         finally:
@@ -359,15 +412,21 @@ class CudaRoute:
             if self.stream_ordered:
                 inner = self.fn(comm, *args, True)
             else:
+                record_on(order.stream, args)
                 host_args, copy_back = to_host(self.method, args) if self.staged else (args, None)
-                order.mark_ready()
-                inner = self.backend.issue_after(self._ready_wait(order), self.method, comm, host_args)
+                method, lib_args, finish = self.backend.prepare(self.method, comm, host_args)  # temporaries
+                self._mark_ready(order)
+                inner = self.backend.issue_after(partial(self._wait_ready, order), method, comm, lib_args)
+                if finish is not None:
+                    inner.then(finish)  # the first finishers: copy-outs, staging's copy-back, then AVG's divide
                 if copy_back is not None:
-                    inner.then(copy_back)  # the first finisher: before AVG's divide
+                    inner.then(copy_back)
         except Exception as exc:
             raise rt.op_error(op, group, exc) from exc
         handle = self._stream_handle(inner, order, group, entry, comm_log)
         rt.hold(None if self.p2p else comm, handle, self.driven)
+        if self.turns is not None:
+            self.turns.mpi_issued(handle)
         if entry is not None:
             entry[RETURNED] = time_ns()
         return handle

@@ -49,6 +49,9 @@ class Backend:
     gpu_native: bool = False
     # True for a library that averages itself (NCCL's ncclAvg): AVG is not SUM and a divide there
     native_avg: bool = False
+    # True for a host-driven library handed device memory (a CUDA-aware MPI): its ops on the GPU
+    # and a GPU library's take turns there (`mcr.gpu_turns`)
+    drives_device_memory: bool = False
 
     @classmethod
     def start(cls, info, store, timeout_s: float, cfg=None) -> "Backend":
@@ -85,6 +88,15 @@ class Backend:
         """Whether `method` reads and writes CUDA tensors itself; where not, the runtime runs it on
         pinned host copies (`mcr.streams.to_host`). Asked only where `supports` said cuda."""
         return False
+
+    def prepare(self, method: str, comm, args) -> tuple:
+        """`method` on `comm` with `args` as this library runs it on CUDA tensors, for the runtime
+        to run under the stream rules (`mcr.streams`): `(method, args, finish)`, where the device
+        temporaries the op reads or writes (a packed list) are made now, on the current stream (the
+        issuing one, before the op's ready event: rule 1), and `finish` (or None) queues what the op
+        leaves in them into the caller's tensors (the copy-outs) on the stream current when it runs
+        (the issuing one, as the op's first finisher: rule 3). By default the op as it is."""
+        return method, args, None
 
     def issue_after(self, ready, method: str, comm, args):
         """Issue `method` async on `comm` with `args`, the library touching their memory only

@@ -116,11 +116,12 @@ BUFFERS_PER_ROUTE = 64  # a hot route's MPI buffers kept by tensor address (MPIB
 # costs tens of µs, more than libnbc loses on small messages: configs/tuning/vm-n2-bench-ddp.txt).
 WORKER_FROM = 256 << 10
 REDUCING_METHODS = frozenset({"all_reduce", "reduce", "reduce_scatter", "reduce_scatter_tensor"})
-# The collectives an async op on CUDA tensors runs on the worker (`MPIBackend.issue_after`): every
-# one whose blocking call takes no second communicator (the list all-to-all sends on the twin).
+# The collectives an async op on CUDA tensors runs on the worker (`MPIBackend.issue_after`, after
+# `prepare`): every one whose blocking call takes no second communicator (the list all-to-all sends
+# on the twin).
 WORKER_METHODS = frozenset(
-    {"all_reduce", "reduce", "broadcast", "all_gather", "all_gather_into_tensor", "gather", "scatter"}
-    | {"reduce_scatter", "reduce_scatter_tensor", "all_to_all_single", "barrier"}
+    {"all_reduce", "reduce", "broadcast", "all_gather_into_tensor", "gather_packed", "scatter_packed"}
+    | {"reduce_scatter_tensor", "all_to_all_single", "barrier"}
 )
 
 
@@ -155,6 +156,7 @@ class MPIBackend(Backend):
         # device memory straight to MPI, decided per library, agreed by every rank and checked on the GPU
         decision = mpi_cuda.resolve(self.world, MPI, setting=cuda_aware, device=streams.bound_device())
         self.cuda_aware, self.cuda_aware_reason = decision.aware, decision.reason
+        self.drives_device_memory = decision.aware
         # CUDA tensors: straight to a CUDA-aware MPI, else staged by the runtime (`reads_device`)
         self.devices = frozenset({"cpu", "cuda"} if torch.cuda.is_available() else {"cpu"})
         self._dtypes = {
@@ -199,6 +201,29 @@ class MPIBackend(Backend):
         """Device memory straight to a CUDA-aware MPI, but for 16-bit reductions: our own MPI ops
         for them read host memory."""
         return self.cuda_aware and not (method in REDUCING_METHODS and dtype in HALF_DTYPES)
+
+    def prepare(self, method, comm, args):
+        """The list forms MPI runs on one packed tensor, made here (`Backend.prepare`): scatter
+        sends a stack of the root's list, the list reduce-scatter reduces a cat of its list, the
+        list all-gather and gather receive into one and copy it out into the list."""
+        if method == "all_gather":
+            output_list, tensor = args
+            packed = _packed_like(tensor, len(output_list))
+            return "all_gather_into_tensor", (packed, tensor), _copy_out(packed, output_list)
+        if method == "gather":
+            tensor, gather_list, dst = args
+            if comm.Get_rank() != dst:
+                return "gather_packed", (tensor, None, dst), None
+            packed = _packed_like(tensor, len(gather_list))
+            return "gather_packed", (tensor, packed, dst), _copy_out(packed, gather_list)
+        if method == "scatter":
+            tensor, scatter_list, src = args
+            packed = torch.stack([t.view_as(tensor) for t in scatter_list]) if comm.Get_rank() == src else None
+            return "scatter_packed", (tensor, packed, src), None
+        if method == "reduce_scatter":
+            output, input_list, reduce_op = args
+            return "reduce_scatter_tensor", (output, torch.cat([t.reshape(-1) for t in input_list]), reduce_op), None
+        return method, args, None
 
     def issue_after(self, ready, method, comm, args):
         """An async op on CUDA tensors (device memory, or the runtime's pinned host copies) whose
@@ -380,41 +405,30 @@ class MPIBackend(Backend):
         g.Allgather(send, recv)
 
     def all_gather(self, g, output_list, tensor, async_op):
-        packed = torch.empty((len(output_list),) + tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device)
-        return self._then_copy_out(self.all_gather_into_tensor(g, packed, tensor, async_op), packed, output_list)
+        _, args, copy_out = self.prepare("all_gather", g, (output_list, tensor))
+        return _then(self.all_gather_into_tensor(g, *args, async_op), copy_out)
 
-    @staticmethod
-    def _then_copy_out(handle, packed, output_list):
-        def copy_out():
-            for out, part in zip(output_list, packed):
-                out.copy_(part.view_as(out))
-
-        if handle is None:
-            copy_out()
-            return None
-        return handle.then(copy_out)
-
-    def _gather_packed(self, g, tensor, packed, dst, async_op):
+    def gather_packed(self, g, tensor, packed, dst, async_op):
+        """Gather every rank's `tensor` into the root's `packed` (None elsewhere)."""
         recv = self._bytes(packed) if packed is not None else None
         if async_op:
             return from_mpi_request(g.Igather(self._bytes(tensor), recv, dst), (tensor, packed))
         g.Gather(self._bytes(tensor), recv, dst)
 
     def gather(self, g, tensor, gather_list, dst, async_op):
-        if g.Get_rank() != dst:
-            return self._gather_packed(g, tensor, None, dst, async_op)
-        packed = torch.empty((len(gather_list),) + tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device)
-        return self._then_copy_out(self._gather_packed(g, tensor, packed, dst, async_op), packed, gather_list)
+        _, args, copy_out = self.prepare("gather", g, (tensor, gather_list, dst))
+        return _then(self.gather_packed(g, *args, async_op), copy_out)
 
-    def _scatter_packed(self, g, tensor, packed, src, async_op):
+    def scatter_packed(self, g, tensor, packed, src, async_op):
+        """Scatter the root's `packed` (its list stacked; None elsewhere) into `tensor`."""
         send = self._bytes(packed) if packed is not None else None
         if async_op:
             return from_mpi_request(g.Iscatter(send, self._bytes(tensor), src), (tensor, packed))
         g.Scatter(send, self._bytes(tensor), src)
 
     def scatter(self, g, tensor, scatter_list, src, async_op):
-        packed = torch.stack([t.view_as(tensor) for t in scatter_list]) if g.Get_rank() == src else None
-        return self._scatter_packed(g, tensor, packed, src, async_op)
+        _, args, _ = self.prepare("scatter", g, (tensor, scatter_list, src))
+        return self.scatter_packed(g, *args, async_op)
 
     def reduce_scatter_tensor(self, g, output, input, reduce_op, async_op):
         send, recv, mpi_op = self.typed_buffer(input), self.typed_buffer(output), self.mpi_op(input, reduce_op)
@@ -425,8 +439,8 @@ class MPIBackend(Backend):
         g.Reduce_scatter_block(send, recv, mpi_op)
 
     def reduce_scatter(self, g, output, input_list, reduce_op, async_op):
-        packed = torch.cat([t.reshape(-1) for t in input_list])
-        return self.reduce_scatter_tensor(g, output, packed, reduce_op, async_op)
+        _, args, _ = self.prepare("reduce_scatter", g, (output, input_list, reduce_op))
+        return self.reduce_scatter_tensor(g, *args, async_op)
 
     def _all_to_all_v(self, g, output, input, out_bytes, in_bytes, async_op):
         send = [self._mem(input.data_ptr(), input.nbytes), (in_bytes, _offsets(in_bytes)), self._byte]
@@ -489,6 +503,29 @@ class MPIBackend(Backend):
         if async_op:
             return from_mpi_request(g.Ibarrier())
         g.Barrier()
+
+
+def _packed_like(tensor, n):
+    """An empty tensor for `n` of `tensor`, stacked: on its device, on the current stream."""
+    return torch.empty((n,) + tuple(tensor.shape), dtype=tensor.dtype, device=tensor.device)
+
+
+def _copy_out(packed, output_list):
+    def copy_out():
+        for out, part in zip(output_list, packed):
+            out.copy_(part.view_as(out))
+
+    return copy_out
+
+
+def _then(handle, finish):
+    """`finish` after the op: now for a blocking one (no handle), else as its handle's finisher."""
+    if finish is None:
+        return handle
+    if handle is None:
+        finish()
+        return None
+    return handle.then(finish)
 
 
 def _copy_own_block(out, inp):

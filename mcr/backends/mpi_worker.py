@@ -8,7 +8,9 @@ order every rank issues them in), on the group's twin communicator, so its colle
 share a matching order with the caller's own on the group's communicator; mpi4py releases the
 GIL inside the call. The handle completes, post-steps included, on the worker when the op ends;
 an op on CUDA tensors first waits on the worker until the issuing stream has reached it
-(`before`), and is completed by the runtime on that stream (`mcr.streams`), not here.
+(`before`), and is completed by the runtime on that stream (`mcr.streams`), not here: the worker
+runs its MPI call alone, on memory the caller made ready (its temporaries made and its copy-outs
+queued on the issuing stream by the runtime), and never queues a kernel itself.
 """
 
 from __future__ import annotations
@@ -55,13 +57,17 @@ class CollectiveWorker:
             item = self._queue.get()
             if item is None:
                 return
-            comm, call, before, done, failed, handle = item
-            try:
-                if before is not None:
-                    before()
-                call(comm)
-            except Exception as exc:  # raised to the caller by wait() (under its watchdog)
-                failed.append(exc)
-            done.set()
-            if not failed and before is None:
-                handle.is_completed()  # post-steps and futures here, not at the next poll
+            self._one(*item)
+            item = None  # the op's buffers are its handle's to keep, not this thread's until the next op
+
+    @staticmethod
+    def _one(comm, call, before, done, failed, handle):
+        try:
+            if before is not None:
+                before()
+            call(comm)
+        except Exception as exc:  # raised to the caller by wait() (under its watchdog)
+            failed.append(exc)
+        done.set()
+        if not failed and before is None:
+            handle.is_completed()  # post-steps and futures here, not at the next poll

@@ -64,6 +64,13 @@ def test_environment_flags_and_numbers_are_parsed():
     assert (cfg.comm_log, cfg.tuning_predict, cfg.watchdog_timeout_s) == (False, True, 2.5)
 
 
+def test_cuda_aware_mpi_and_nccl_take_turns_unless_told_to_run_side_by_side():
+    assert load(env={}).mpi_nccl_concurrent is False
+    assert load(env={"MCR_MPI_NCCL_CONCURRENT": "1"}).mpi_nccl_concurrent is True
+    with pytest.raises(ConfigError, match=r"bad value 'sometimes' for MCR_MPI_NCCL_CONCURRENT: use 1 or 0"):
+        load(env={"MCR_MPI_NCCL_CONCURRENT": "sometimes"})
+
+
 @pytest.mark.parametrize(
     "config,message",
     [

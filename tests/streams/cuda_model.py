@@ -19,9 +19,24 @@ recorded as torch 2.13's `collective()`/`pointToPoint()` define them:
   communicator; a send or receive outside one makes a 2-rank communicator for the pair at
   issue (as torch does without eager init).
 
-Everything lands in `LOG`, one tuple per call: (what, thread name, ...). The GPU never runs on
-its own: an event completes when the host synchronizes on it (or its stream, or the device) or
-when a test calls `gpu_runs()`, so "still in flight" is a state a test can hold.
+Everything lands in `LOG`, one tuple per call: (what, thread name, ...). Each stream keeps its
+queue of kernels and event records; an item runs with everything before it on its stream and
+everything that stream waited on before it, as on a GPU. NCCL's kernels are held (they need their
+peers): they run only when the host synchronizes on them (an event after them, their stream, the
+device) or a test calls `gpu_runs()`, so "still in flight" is a state a test can hold; other work
+runs when the host synchronizes on it or polls an event after it (`query`). So a host that only
+polls an event queued behind an NCCL kernel (the runtime's wait for a host library's ready event,
+on a stream that ran a blocking NCCL op) waits until something synchronizes: a scenario doing
+that synchronizes first, as NCCL's peers would let the kernel end.
+
+The caching allocator's view of CUDA memory is modelled too: each storage of a CudaLike tensor
+has its allocation stream (the current stream where it was made: `cuda_like`,
+`torch.empty(..., device="cuda")`, `Tensor.to("cuda")`, or an op's new output), every op on it is
+a kernel that touches it on the current stream, `record_stream` marks a stream, and when the
+storage is freed the log says which streams touched it off its allocation stream unrecorded (where
+the real allocator would hand the block to new work too early). Pinned host memory
+(`torch.empty(..., pin_memory=True)`, which CPU torch refuses) is ordinary CPU memory here, logged
+as a pinned allocation; copies between it and CudaLike memory are kernels on the current stream.
 
 `install()` must run before `import mcr` (CUDA futures are subclassed at import). tests/gpu
 checks on a real GPU each rule modelled here that one GPU can show.
@@ -38,15 +53,17 @@ import subprocess
 import tempfile
 import threading
 import types
+import weakref
 
 import torch
 import torch.distributed as dist
 
 LOG: list = []
-_lock = threading.Lock()
+_lock = threading.RLock()  # re-entered where a storage is freed inside a locked section
 _ids = itertools.count(1)
 _local = threading.local()  # .stream (current), .device
-_events: list = []  # every event recorded and not yet run
+_streams: list = []  # every stream made: device synchronize and gpu_runs run all their queues
+_launches: list = []  # NCCL's kernels, in launch order (`pending_launches`)
 _capturing: set = set()  # streams being captured (global capture mode)
 _joined: set = set()  # streams that joined the capture by waiting on a captured one
 
@@ -68,15 +85,34 @@ def mark() -> int:
 
 
 # --- streams and events ---------------------------------------------------------------------------
+class _Mark:
+    """One item of a stream's queue: a kernel or an event's record. `deps`: what the stream waited
+    on before it was queued; `held`: an NCCL kernel, which runs only when the host synchronizes on
+    it (its peers must launch theirs) or a test says the GPU runs."""
+
+    __slots__ = ("name", "stream", "deps", "held", "done", "queued")
+
+    def __init__(self, name, stream, deps, held):
+        self.name, self.stream, self.deps, self.held = name, stream, deps, held
+        self.done = self.queued = False
+
+
 class Stream:
     def __init__(self, device=None, priority=0, name=None):
         self.id = next(_ids)
         self.device = _device(device)
         self.name = name or f"stream{self.id}"
+        self.queue = []  # items not yet run, in order
+        self._waits = []  # the items of the events waited on since the last item queued
+        with _lock:
+            _streams.append(self)
         log("new_stream", self.name)
 
     def wait_event(self, event) -> None:
         log("wait", self.name, event.name)
+        with _lock:
+            if event.mark is not None and not event.mark.done:
+                self._waits.append(event.mark)
         if event.stream in _capturing and self not in _capturing:  # a stream that waits on a capturing one joins
             _capturing.add(self)
             _joined.add(self)
@@ -94,10 +130,24 @@ class Stream:
 
     def synchronize(self) -> None:
         log("stream_sync", self.name)
-        _run(lambda e: e.stream is self)
+        with _lock:
+            if self.queue:
+                _run(self.queue[-1], force=True)
 
     def query(self) -> bool:
-        return all(e.done for e in _events if e.stream is self)
+        with _lock:
+            return not self.queue
+
+    def enqueue(self, name, held=False) -> _Mark:
+        """Queue an item here (run at once while the GPU keeps up; never, on a captured stream)."""
+        with _lock:
+            mark, self._waits = _Mark(name, self, self._waits, held), []
+            if _keeps_up:
+                mark.done = True
+            elif self not in _capturing:
+                mark.queued = True
+                self.queue.append(mark)
+            return mark
 
     def __eq__(self, other):
         return isinstance(other, Stream) and other.id == self.id
@@ -146,19 +196,19 @@ class Event:
     def __init__(self, enable_timing=False, blocking=False, interprocess=False):
         self.name = f"event{next(_ids)}"
         self.stream = None
-        self.done = False
+        self.mark = None  # its last record's item
         self.timing = enable_timing
         log("new_event", self.name, enable_timing)
 
+    @property
+    def done(self) -> bool:
+        return self.mark is None or self.mark.done  # never recorded: complete, as CUDA says
+
     def record(self, stream=None) -> None:
         stream = stream or current_stream()
-        self.stream, self.done = stream, False
+        self.stream = stream
         log("record", self.name, stream.name)
-        if _keeps_up:
-            self.done = True
-        elif stream not in _capturing:
-            with _lock:
-                _events.append(self)
+        self.mark = stream.enqueue(self.name)
 
     def wait(self, stream=None) -> None:
         (stream or current_stream()).wait_event(self)
@@ -166,27 +216,50 @@ class Event:
     def query(self) -> bool:
         log("query", self.name)
         _check_capture("query", self.name)
-        return self.done
+        with _lock:
+            return self.mark is None or _run(self.mark, force=False)
 
     def synchronize(self) -> None:
         log("sync", self.name)
         _check_capture("synchronize", self.name)
-        _run(lambda e: e is self)
+        with _lock:
+            if self.mark is not None:
+                _run(self.mark, force=True)
 
     def elapsed_time(self, end) -> float:
         return 0.25  # ms: what a comm log reads; never asserted on
 
 
-def _run(which) -> None:
-    """The GPU runs everything up to the events `which` picks (in this model: those events)."""
-    with _lock:
-        for event in _events:
-            if which(event):
-                event.done = True
-        _events[:] = [e for e in _events if not e.done]
+def _run(mark, force) -> bool:
+    """Run `mark` on the model's GPU with all it comes after: the items before it on its stream
+    and, for each, what that stream had waited on. Under `_lock`. Not `force`d (the host polls):
+    nothing runs where any of them is held. A captured item never runs. True if it ran."""
+    if mark.done:
+        return True
+    if not mark.queued:
+        return False
+    todo, ran, seen = [mark], [], set()
+    while todo:
+        item = todo.pop()
+        if item.done or id(item) in seen or not item.queued:
+            continue
+        queue = item.stream.queue
+        upto = next(i for i, queued in enumerate(queue) if queued is item)
+        for before in queue[: upto + 1]:
+            if id(before) not in seen:
+                seen.add(id(before))
+                ran.append(before)
+                todo.extend(before.deps)
+    if not force and any(item.held for item in ran):
+        return False
+    for item in ran:
+        item.done = True
+    for stream_ in {id(item.stream): item.stream for item in ran}.values():
+        stream_.queue[:] = [item for item in stream_.queue if not item.done]
+    return True
 
 
-_keeps_up = False  # set by gpu_runs(keep_up=True): every event completes as it is recorded
+_keeps_up = False  # set by gpu_runs(keep_up=True): every item runs as it is queued
 
 
 def gpu_runs(keep_up=False) -> None:
@@ -194,14 +267,28 @@ def gpu_runs(keep_up=False) -> None:
     (a script's end: finalize waits for everything)."""
     global _keeps_up
     log("gpu_runs")
-    _keeps_up = keep_up
-    _run(lambda e: True)
+    with _lock:
+        _keeps_up = keep_up
+        _run_all()
+
+
+def _run_all() -> None:
+    for stream_ in list(_streams):
+        if stream_.queue:
+            _run(stream_.queue[-1], force=True)
 
 
 def synchronize(device=None) -> None:
     log("device_sync")
     _check_capture("synchronize", "device")
-    _run(lambda e: True)
+    with _lock:
+        _run_all()
+
+
+def pending_launches() -> list:
+    """NCCL's kernels launched and not yet run (not those captured into a graph)."""
+    with _lock:
+        return [mark.name for mark in _launches if mark.queued and not mark.done]
 
 
 # --- capture --------------------------------------------------------------------------------------
@@ -279,7 +366,8 @@ def set_device(device) -> None:
 def get_device_properties(device=None):
     index = _device(device).index
     # one GPU per rank, as under CUDA_VISIBLE_DEVICES per rank: distinct UUIDs, or NCCL is dropped
-    uuid = f"GPU-model-{os.uname().nodename}-{os.environ.get('LOCAL_RANK', '0')}-{index}"
+    local_rank = os.environ.get("LOCAL_RANK") or os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0")  # torchrun, mpiexec
+    uuid = f"GPU-model-{os.uname().nodename}-{local_rank}-{index}"
     return types.SimpleNamespace(
         uuid=uuid, name="model GPU", major=CAPABILITY[0], minor=CAPABILITY[1], total_memory=1 << 34
     )
@@ -289,10 +377,11 @@ def get_device_capability(device=None):
     return CAPABILITY
 
 
-# --- tensors and futures --------------------------------------------------------------------------
+# --- tensors, and the caching allocator's view of them --------------------------------------------
 class CudaLike(torch.Tensor):
     """CPU memory that says it is on cuda:0: what the runtime reads of a tensor (`is_cuda`,
-    `device`) is a GPU's; its math runs on the CPU, and results stay CudaLike."""
+    `device`) is a GPU's; its math runs on the CPU, and results stay CudaLike. Each op on it is
+    a kernel on the current stream that touches its storage (views and metadata are not)."""
 
     @property
     def is_cuda(self):
@@ -304,21 +393,185 @@ class CudaLike(torch.Tensor):
 
     @classmethod
     def __torch_function__(cls, func, types_, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name == "cpu" or (name == "to" and _target(args[1:], kwargs) == "cpu"):  # device to host
+            _kernel("d2h", [args[0]])
+            with torch._C.DisableTorchFunctionSubclass():
+                return torch.Tensor.clone(args[0])
         with torch._C.DisableTorchFunctionSubclass():
-            out = func(*args, **(kwargs or {}))
-        return _wrap(out)
+            out = func(*args, **kwargs)
+        given = _tensors((args, kwargs))
+        host = {_key(t) for t in given if not isinstance(t, CudaLike)}
+        device = [t for t in given if isinstance(t, CudaLike)]
+        made = [t for t in _tensors(out) if _key(t) not in host]
+        new = [t for t in made if _key(t) not in {_key(d) for d in device}]
+        in_place = (name.endswith("_") and not name.startswith("_")) or name == "__setitem__"
+        if name not in _NO_KERNEL and (in_place or new or not made):  # not a view: a kernel
+            _kernel(name, device + new)
+        return _wrap(out, host)
 
 
-def _wrap(out):
+# what launches no kernel on a tensor: its metadata (a view is told by its output's storage)
+_NO_KERNEL = frozenset(
+    {"data_ptr", "untyped_storage", "numel", "__get__", "element_size", "size", "dim", "stride"}
+    | {"is_contiguous", "storage_offset", "__len__", "is_pinned", "__repr__", "__format__", "get_device"}
+    | {"__hash__", "is_floating_point", "is_complex", "__reduce_ex__", "__setstate__"}
+)
+
+
+def _wrap(out, host=frozenset()):
     if type(out) is torch.Tensor:
-        return out.as_subclass(CudaLike)
+        return out if _key(out) in host else out.as_subclass(CudaLike)
     if isinstance(out, (list, tuple)):
-        return type(out)(_wrap(o) for o in out)
+        return type(out)(_wrap(o, host) for o in out)
     return out
 
 
-def cuda_like(tensor: torch.Tensor) -> CudaLike:
-    return tensor.as_subclass(CudaLike)
+def _tensors(value) -> list:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item)]
+    if isinstance(value, dict):
+        return _tensors(list(value.values()))
+    return []
+
+
+def _target(args, kwargs):
+    """The device type a `to(...)` call names, or None."""
+    for where in [kwargs.get("device"), *args]:
+        if isinstance(where, (str, torch.device)):
+            return torch.device(where).type
+    return None
+
+
+class _Storage:
+    """The allocator's record of one CudaLike storage: where it was made, who touched it where."""
+
+    __slots__ = ("label", "stream", "ptr", "nbytes", "streams", "marks", "recorded")
+
+    def __init__(self, label, stream_, ptr, nbytes):
+        self.label, self.stream, self.ptr, self.nbytes = label, stream_, ptr, nbytes
+        self.streams = set()  # every stream a kernel touched it on
+        self.marks = []  # those kernels, while they have not run
+        self.recorded = set()  # streams given to record_stream
+
+
+_storages = {}  # id of a storage's Python object (kept while the storage lives) -> _Storage
+_serial = itertools.count(1)
+
+
+def _key(tensor) -> int:
+    with torch._C.DisableTorchFunctionSubclass():
+        return id(torch.Tensor.untyped_storage(tensor))
+
+
+def _info(tensor, label=None, how="tensor") -> _Storage:
+    """`tensor`'s storage record; one seen for the first time was made now, on the current stream."""
+    with torch._C.DisableTorchFunctionSubclass():
+        storage = torch.Tensor.untyped_storage(tensor)
+    with _lock:
+        info = _storages.get(id(storage))
+        if info is None:
+            info = _Storage(label or f"{how}#{next(_serial)}", current_stream(), storage.data_ptr(), storage.nbytes())
+            _storages[id(storage)] = info
+            weakref.finalize(storage, _freed, id(storage)).atexit = False
+            log("alloc", info.label, info.stream.name)
+        return info
+
+
+def _kernel(name, tensors, held=False) -> _Mark:
+    """A kernel on the current stream that touches the storages of `tensors`."""
+    stream_ = current_stream()
+    mark = stream_.enqueue(name, held)
+    labels = []
+    for tensor in tensors:
+        info = _info(tensor, how=name)
+        with _lock:
+            info.streams.add(stream_)
+            info.marks = [m for m in info.marks if not m.done] + [mark]
+        labels.append(info.label)
+    log("touch", name, stream_.name, labels)
+    return mark
+
+
+def record_stream(tensor, stream_) -> None:
+    """Tensor.record_stream (torch's parses its stream before any override could see this one's)."""
+    info = _info(tensor)
+    with _lock:
+        info.recorded.add(stream_)
+    log("record_stream", info.label, stream_.name)
+
+
+def _freed(key) -> None:
+    """The storage went back to the allocator: the log names each stream that touched it off its
+    allocation stream without record_stream (its block could go to new work before they ran)."""
+    with _lock:
+        info = _storages.pop(key, None)
+    if info is not None:
+        unrecorded = sorted(s.name for s in info.streams - info.recorded - {info.stream})
+        log("free", info.label, info.stream.name, unrecorded)
+
+
+def cuda_like(tensor: torch.Tensor, name=None) -> CudaLike:
+    """`tensor` as device memory made on the current stream (a host-to-device copy there);
+    `name`: its label in the log (default: h2d#N)."""
+    out = tensor.as_subclass(CudaLike)
+    _info(out, name, "h2d")
+    _kernel("h2d", [out])
+    return out
+
+
+def label(tensor) -> str:
+    return _info(tensor).label
+
+
+def unfinished(tensor) -> list:
+    """The kernels queued on `tensor`'s storage that have not run: a host reading or writing its
+    memory now (MPI) would race them."""
+    info = _info(tensor)
+    with _lock:
+        return [mark.name for mark in info.marks if mark.queued and not mark.done]
+
+
+def unfinished_at(address: int):
+    """(label, unfinished kernels) of the storage holding `address`; None for host memory."""
+    with _lock:
+        for info in _storages.values():
+            if info.ptr <= address < info.ptr + max(1, info.nbytes):
+                return info.label, [mark.name for mark in info.marks if mark.queued and not mark.done]
+    return None
+
+
+_empty = torch.empty
+_to = torch._C.TensorBase.to
+
+
+def empty(*size, device=None, pin_memory=False, **kwargs):
+    """torch.empty: on a CUDA device, CudaLike memory made on the current stream; pinned host
+    memory (which CPU torch refuses) is ordinary CPU memory, logged as pinned."""
+    if pin_memory:
+        tensor = _empty(*size, **kwargs)
+        log("pinned", tensor.nbytes)
+        return tensor
+    if device is not None and torch.device(device).type == "cuda":
+        out = _empty(*size, **kwargs).as_subclass(CudaLike)
+        _info(out, how="empty")
+        return out
+    return _empty(*size, device=device, **kwargs)
+
+
+def to(self, *args, **kwargs):
+    """Tensor.to: to a CUDA device, a host-to-device copy into CudaLike memory."""
+    if _target(args, kwargs) != "cuda":
+        return _to(self, *args, **kwargs)
+    rest = [a for a in args if not isinstance(a, (str, torch.device))]
+    kwargs = {k: v for k, v in kwargs.items() if k != "device"}
+    moved = _to(self, *rest, **kwargs) if rest or kwargs else self
+    if isinstance(self, CudaLike):
+        return moved
+    return cuda_like(moved.clone() if moved is self else moved)
 
 
 _Future = torch.futures.Future
@@ -437,6 +690,7 @@ class ProcessGroupNCCLModel:
         if not ops:
             return None
         stream = self._side_stream()
+        _launches.append(stream.enqueue("nccl group", held=True))
         end = Event()
         end.record(stream)
         return WorkModel("group", end, [], [t for _, t, _ in ops])
@@ -456,6 +710,7 @@ class ProcessGroupNCCLModel:
             log("nccl_comm", f"{self.name_}-pair-{min(self._rank, peer)}:{max(self._rank, peer)}", 2, None)
         if not opts_async:
             log("launch", op, current_stream().name, False, self.name_)
+            _launches.append(current_stream().enqueue(f"nccl {op}", held=True))
             _finish(run())
             return None
         stream = self._side_stream()
@@ -463,6 +718,7 @@ class ProcessGroupNCCLModel:
         ready.record(current_stream())  # syncStream
         stream.wait_event(ready)
         log("launch", op, stream.name, True, self.name_)
+        _launches.append(stream.enqueue(f"nccl {op}", held=True))
         _finish(run())
         end = Event()
         end.record(stream)
@@ -480,7 +736,7 @@ class ProcessGroupNCCLModel:
         def run():
             self._gloo.allreduce([t.as_subclass(torch.Tensor) for t in tensors], o if avg else opts).wait()
             if avg:
-                tensors[0].div_(self._size)
+                tensors[0].as_subclass(torch.Tensor).div_(self._size)  # inside NCCL's kernel
             return None
 
         return self._launch("allreduce", opts.asyncOp, tensors, tensors, run)
@@ -560,6 +816,9 @@ def install() -> None:
         setattr(cuda, name, value)
     cuda.nccl = types.SimpleNamespace(version=lambda: (2, 27, 3))
     torch.futures.Future = CudaFuture
+    torch.empty = empty
+    torch.Tensor.to = to
+    torch.Tensor.record_stream = record_stream
     dist.ProcessGroupNCCL = ProcessGroupNCCLModel
     dist.is_nccl_available = lambda: True
     os.environ.setdefault("MCR_BACKENDS", "gloo,nccl")

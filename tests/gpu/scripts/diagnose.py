@@ -296,10 +296,10 @@ def nccl():
 
 BREAKS = {  # name: [(file, what the rule's code says, what the break says instead)]
     "no ready wait (rule 1)": [
-        ("mcr/streams.py", "            self._ready_wait(order)()\n", "            pass\n"),
+        ("mcr/streams.py", "                self._wait_ready(order)\n", "                pass\n"),
         (
             "mcr/streams.py",
-            "self.backend.issue_after(self._ready_wait(order),",
+            "self.backend.issue_after(partial(self._wait_ready, order),",
             "self.backend.issue_after(lambda: None,",
         ),
     ],
