@@ -8,7 +8,9 @@ small all-reduces run on a float32 copy instead (`UPCAST_BELOW`). CUDA tensors g
 MPI where the library is CUDA-aware (`reads_device`); the runtime stages the others through
 pinned host memory (`mcr.streams`). MPI is host-driven: the runtime hands it device memory only
 once the issuing stream has reached the op, and async collectives on CUDA tensors wait for that
-on the worker thread, which runs them as blocking calls (`issue_after`).
+on the worker thread, which runs them as blocking calls (`issue_after`). The list forms' packed
+temporaries and copy-outs are the runtime's to run on the issuing stream (`prepare`): MPI only
+reads and writes the memory it is given.
 """
 
 from __future__ import annotations

@@ -147,7 +147,7 @@ if aware:
         finally:
             returned.set()
 
-    mpi.all_gather_into_tensor = observed_gather  # before its route is made: the route calls this one
+    mpi.all_gather_into_tensor = observed_gather  # the list all-gather's route looks it up at each call
     for k in range(3):
         gpu.sync()
         with gpu.on(gpu.s2):
