@@ -7,7 +7,8 @@ A node whose ranks each see one GPU (jsrun resource sets, Polaris' affinity scri
 `srun --gpus-per-task=1`). "gpu": on a real one; torch.cuda.set_device records the device it is
 given, then sets it. "emulated", on the CPU:
 - mcr's side: `mcr.streams.bind_device` applies mcr's rule (local rank % device count) to a device
-  count of 1, without asking torch (a CPU build has no device to bind);
+  count of 1, without asking torch (a CPU build has no device to bind), and each rank's GPU has
+  its own identity (`mcr.streams.gpu_identity`);
 - DeepSpeed's side: its CUDA accelerator (DS_ACCELERATOR=cuda); torch.cuda.set_device, which a CPU
   build cannot run, only records the device it is given. Nothing else is replaced.
 
@@ -53,10 +54,18 @@ def set_devices():
     return calls
 
 
+def emulated_bind_device(local_rank):
+    """mcr's rule on a node whose ranks each see one GPU of their own: the device it binds, kept
+    where the runtime reads it (`mcr.streams.bound_device`), and that GPU's identity per rank."""
+    mcr.streams._bound = torch.device("cuda", local_rank % VISIBLE_GPUS)
+    mcr.streams.gpu_identity = lambda: f"GPU-emulated-{local_rank}"
+    return mcr.streams._bound
+
+
 def main(mode):
     if mode == "emulated":
         torch.cuda.set_device = recording(None)
-        mcr.streams.bind_device = lambda local_rank: torch.device("cuda", local_rank % VISIBLE_GPUS)
+        mcr.streams.bind_device = emulated_bind_device
     else:
         assert torch.cuda.device_count() == VISIBLE_GPUS, f"{torch.cuda.device_count()} GPUs visible, want 1"
         torch.cuda.set_device = recording(torch.cuda.set_device)
