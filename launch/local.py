@@ -29,6 +29,15 @@ def find_mpiexec() -> str:
     return mpiexec
 
 
+# A rank of MPICH waiting in a blocking call polls, calling sched_yield between polls, so with
+# more ranks than cores it keeps the core its peer needs until the scheduler takes it away; this
+# makes it sleep between polls instead (a 4-rank test on 2 cores took a median 26 s instead of 42,
+# on half the CPU: configs/tuning/vm-n2-node-aware-hydra-2026-11-28.txt). Intel MPI ignores it,
+# and its own (I_MPI_THREAD_YIELD=3, I_MPI_WAIT_MODE=1) did not shorten that test. Open MPI's
+# counterpart is the runtime's mpi_yield_when_idle (mcr/backends/mpi.py).
+HYDRA_OVERSUBSCRIBED = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
+
+
 def mpiexec_command(nprocs: int, target: list[str], extra: str = "") -> list[str]:
     mpiexec = find_mpiexec()
     cmd = [mpiexec, "-n", str(nprocs)]
@@ -36,6 +45,10 @@ def mpiexec_command(nprocs: int, target: list[str], extra: str = "") -> list[str
         cmd += ["--oversubscribe", "--bind-to", "none"]
         if os.geteuid() == 0:
             cmd.append("--allow-run-as-root")
+    elif nprocs > len(os.sched_getaffinity(0)):  # more ranks than the cores this launcher may use
+        for name, value in HYDRA_OVERSUBSCRIBED.items():
+            if name not in os.environ:  # the user's own setting reaches the ranks as it is
+                cmd += ["-genv", name, value]
     return cmd + shlex.split(extra) + [os.environ.get("PYTHON_EXEC") or sys.executable] + target
 
 

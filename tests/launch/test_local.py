@@ -1,11 +1,18 @@
 """launch.local's mpiexec line fits the launcher on PATH: Open MPI's flags for Open MPI, none for
 Hydra (MPICH, MVAPICH, Intel MPI), which refuses `--oversubscribe` ("unrecognized argument",
-seen with the mpich wheel's mpiexec before the launcher told them apart)."""
+seen with the mpich wheel's mpiexec before the launcher told them apart); under Hydra, with more
+ranks than cores, the variables that make a waiting rank sleep between polls."""
 
+import contextlib
 import os
+import re
+import subprocess
 import sys
 
+import pytest
+
 from launch import local
+from tests.ranks import REPO, rank_env, under_hydra
 
 HYDRA_BANNER = "HYDRA build details:\n    Version:                                 5.0.2\n"
 
@@ -31,5 +38,56 @@ def test_hydra_gets_none_of_open_mpis_flags(tmp_path, monkeypatch):
     monkeypatch.delenv("MPIEXEC", raising=False)
     monkeypatch.setattr(local.sys, "executable", "/nowhere/python")  # its folder holds no mpiexec
     local.mpiexec_family.cache_clear()
-    cmd = local.mpiexec_command(3, ["script.py"], "-ppn 3")
-    assert cmd == [str(fake), "-n", "3", "-ppn", "3", "/nowhere/python", "script.py"], cmd
+    cores = len(os.sched_getaffinity(0))  # as many ranks as cores: nothing of the oversubscribed case either
+    cmd = local.mpiexec_command(cores, ["script.py"], "-ppn 3")
+    assert cmd == [str(fake), "-n", str(cores), "-ppn", "3", "/nowhere/python", "script.py"], cmd
+
+
+@contextlib.contextmanager
+def one_core():
+    """This thread (and what it starts) may run on one core only, as under `taskset -c N`."""
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {min(before)})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def test_hydra_with_more_ranks_than_cores_makes_waits_sleep_unless_the_user_chose(tmp_path, monkeypatch):
+    fake = tmp_path / "mpiexec"
+    fake.write_text(f"#!/bin/sh\nprintf '{HYDRA_BANNER}'\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("MPIEXEC", str(fake))
+    for name in local.HYDRA_OVERSUBSCRIBED:
+        monkeypatch.delenv(name, raising=False)
+    local.mpiexec_family.cache_clear()
+    with one_core():
+        cmd = local.mpiexec_command(2, ["script.py"])
+        monkeypatch.setenv("MPIR_CVAR_ENABLE_HEAVY_YIELD", "0")  # the user's own: passed on by Hydra, not overridden
+        mine = local.mpiexec_command(2, ["script.py"])
+    assert cmd[1:6] == ["-n", "2", "-genv", "MPIR_CVAR_ENABLE_HEAVY_YIELD", "1"], cmd
+    assert "-genv" not in mine, mine
+
+
+# one write a rank: Hydra forwards the ranks' output as it comes, and two may share a line
+SHOW_ENV = "import os, sys; os.write(1, ' '.join(f'{k}={os.environ.get(k)};' for k in sys.argv[1:]).encode())\n"
+
+
+@pytest.mark.skipif(not under_hydra(), reason="needs Hydra's mpiexec (MPICH, Intel MPI): make test-mpi")
+def test_oversubscribed_hydra_ranks_see_the_sleeping_wait_in_their_environment(tmp_path):
+    """A real launch through `python -m launch.local` on one core: 2 ranks, 1 rank, and 2 ranks
+    where the user set the variable."""
+    script = tmp_path / "show_env.py"
+    script.write_text(SHOW_ENV)
+
+    def ranks_see(nprocs, **env):
+        cmd = [sys.executable, "-m", "launch.local", "-n", str(nprocs), str(script), "MPIR_CVAR_ENABLE_HEAVY_YIELD"]
+        with one_core():  # the launcher and its ranks inherit it
+            out = subprocess.run(cmd, cwd=REPO, env=rank_env(env), capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        return re.findall(r"MPIR_CVAR_ENABLE_HEAVY_YIELD=(\w+);", out.stdout)
+
+    assert ranks_see(2) == ["1", "1"]
+    assert ranks_see(1) == ["None"]
+    assert ranks_see(2, MPIR_CVAR_ENABLE_HEAVY_YIELD="0") == ["0", "0"]
