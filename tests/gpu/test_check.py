@@ -27,7 +27,8 @@ def run_sample(tmp_path, *bodies):
     """Run a test file made of `bodies` as the check's tests/gpu step; (the step, the summary)."""
     path = tmp_path / "test_sample.py"
     path.write_text("import pytest\n\n\n" + "\n\n".join(bodies))
-    step = check.pytest_step("tests/gpu", str(tmp_path / "report.xml"), [str(path)], 120)
+    # its own rootdir: the names it reports do not depend on where the checkout and tmp_path lie
+    step = check.pytest_step("tests/gpu", str(tmp_path / "report.xml"), [f"--rootdir={tmp_path}", str(path)], 120)
     check.run(step, dict(os.environ), str(tmp_path / "step.log"))
     return step, check.summary([step], {"torch": "2"}, {}, str(tmp_path))
 
