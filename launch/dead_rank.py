@@ -14,6 +14,7 @@ directory (MCR_RANK_DIR) at start-up. When the launcher fails, this names the ra
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -80,7 +81,7 @@ def dead_rank_lines(output: str, ranks: dict[int, RankFile], first_to_end: int |
         rank, host = named
         lines = [f"mcr: rank {rank} (host {ranks[rank].host if rank in ranks else host}) died"]
     else:
-        on_host = sorted(r for r, f in ranks.items() if f.host == hydra.group(1))
+        on_host = ", ".join(str(r) for r in sorted(ranks) if ranks[r].host == hydra.group(1)) or "none wrote a file"
         lines = [f"mcr: a rank on host {hydra.group(1)} died (Hydra does not say which; ranks there: {on_host})"]
     # survivors' last ops go here, one "mcr: rank R was in <op>" line each
     return lines
@@ -135,13 +136,15 @@ class FirstToEnd:
 
 
 def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if len(argv) != 2:
-        print("usage: python -m launch.dead_rank RANK_DIR LOGFILE", file=sys.stderr)
-        return 2
-    with open(argv[1], errors="replace") as f:
+    parser = argparse.ArgumentParser(
+        prog="python -m launch.dead_rank", description="Name the rank that died, after a failed launcher."
+    )
+    parser.add_argument("rank_dir", help="the ranks' files (MCR_RANK_DIR)")
+    parser.add_argument("log", help="the launcher's output")
+    args = parser.parse_args(argv)
+    with open(args.log, errors="replace") as f:
         output = f.read()
-    for line in dead_rank_lines(output, read_rank_files(argv[0])):
+    for line in dead_rank_lines(output, read_rank_files(args.rank_dir)):
         print(line, flush=True)
     return 0
 
