@@ -83,7 +83,8 @@ def dead_rank_lines(output: str, ranks: dict[int, RankFile], first_to_end: int |
     else:
         on_host = ", ".join(str(r) for r in sorted(ranks) if ranks[r].host == hydra.group(1)) or "none wrote a file"
         lines = [f"mcr: a rank on host {hydra.group(1)} died (Hydra does not say which; ranks there: {on_host})"]
-    # survivors' last ops go here, one "mcr: rank R was in <op>" line each
+    # the survivors' ops go here (the op each was last in, from their live flight records): one
+    # "mcr: rank R was in <op>" line per other rank
     return lines
 
 
@@ -122,6 +123,8 @@ class FirstToEnd:
                 except ProcessLookupError:  # ended before we looked
                     self.ended.append(rank)
                     continue
+                except OSError:  # no process descriptors (Linux before 5.3): the launcher's words alone
+                    return
                 by_fd[fd] = rank
                 poller.register(fd, select.POLLIN)
             # until every rank has written its file, look for new ones every 0.1 s
