@@ -3,7 +3,7 @@
 Each rank writes rank-<R>.json ({"rank", "host", "pid"}: `mcr/rank_file.py`) into the job's rank
 directory (MCR_RANK_DIR) at start-up. When the launcher fails, this names the rank that died:
 - `launch.local` watches the ranks' processes (`FirstToEnd`) and names the one that ended first,
-  once the launcher has reported a death;
+  once the launcher has reported a death (where every rank ran on its node; else as below);
 - in a job script, Open MPI's prterun, srun and torchrun name it themselves (rank, task, "Root
   Cause"); Hydra (MPICH, Intel MPI) says "BAD TERMINATION" with a PID and host that are not the
   dead rank's (MPICH 5 gives the node's first rank's PID; Intel MPI lists every rank it killed,
@@ -89,19 +89,24 @@ def dead_rank_lines(output: str, ranks: dict[int, RankFile], first_to_end: int |
 
 
 class FirstToEnd:
-    """Watches this host's ranks (their PIDs from the rank files, as they appear) and keeps the
-    order in which they end, from the kernel's process descriptors: no launcher's word needed."""
+    """Watches the ranks (their PIDs from the rank files, as they appear) and keeps the order in
+    which they end, from the kernel's process descriptors: no launcher's word needed, where every
+    rank runs on this node."""
 
     def __init__(self, directory: str, nprocs: int):
         self.directory, self.nprocs = directory, nprocs
         self.ended: list[int] = []
+        self.seen: set[int] = set()  # the ranks whose files were read
+        self.elsewhere = False  # some ranks run on other nodes
         self._stop_r, self._stop_w = os.pipe()
         self._thread = threading.Thread(target=self._watch, name="mcr-first-to-end", daemon=True)
         self._thread.start()
 
     def first(self) -> int | None:
-        """The rank that ended first, once the job is over (`stop` first)."""
-        return self.ended[0] if self.ended else None
+        """The rank that ended first, once the job is over (`stop` first); None where some ranks
+        ran on other nodes (their files name another host, or are written there) or wrote none."""
+        every_rank_here = len(self.seen) == self.nprocs and not self.elsewhere
+        return self.ended[0] if self.ended and every_rank_here else None
 
     def stop(self) -> None:
         os.write(self._stop_w, b"x")
@@ -110,14 +115,17 @@ class FirstToEnd:
         os.close(self._stop_w)
 
     def _watch(self) -> None:
-        poller, by_fd, seen = select.poll(), {}, set()
+        poller, by_fd, seen = select.poll(), {}, self.seen
         poller.register(self._stop_r, select.POLLIN)
         host = socket.gethostname()
         while True:
             for rank, about in read_rank_files(self.directory).items():
-                if rank in seen or about.host != host:
+                if rank in seen:
                     continue
                 seen.add(rank)
+                if about.host != host:  # another node's: who ended first is the launcher's to say
+                    self.elsewhere = True
+                    continue
                 try:
                     fd = os.pidfd_open(about.pid)
                 except ProcessLookupError:  # ended before we looked
