@@ -5,11 +5,15 @@ $MPIEXEC names, with the flags it needs (Open MPI: root allowed, ranks may outnu
 `--launcher torchrun` starts the same job without an MPI world (gloo only). `--mpiexec-args` adds
 options of your own, for example to span nodes: `--mpiexec-args "--host node1:2,node2:2 -x PYTHONPATH"`.
 The ranks run this Python, or the one $PYTHON_EXEC names (as torchrun reads it for its workers).
+When the job fails, the last line names the rank that died first: "mcr: rank 1 (host node1) died"
+(launch/dead_rank.py; the ranks write their rank files into $MCR_RANK_DIR, a fresh temporary
+directory unless set).
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import functools
 import os
 import re
@@ -17,6 +21,10 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
+import threading
+
+from launch.dead_rank import FirstToEnd, dead_rank_lines, read_rank_files
 
 
 def find_mpiexec() -> str:
@@ -101,7 +109,57 @@ def main(argv=None) -> int:
         cmd = mpiexec_command(args.nprocs, target, args.mpiexec_args)
     else:
         cmd = torchrun_command(args.nprocs, target)
-    return subprocess.call(cmd, env=env)
+    return run_job(cmd, env, args.nprocs)
+
+
+def run_job(cmd, env, nprocs, out=None, err=None, timeout=None, cwd=None) -> int:
+    """Run the launcher `cmd` with its stdout and stderr copied to `out` and `err` (binary files;
+    default this process's) and return its exit status; when that is not 0, end `err` with the
+    rank that died first (launch.dead_rank), from the launcher's output, the ranks' files in
+    $MCR_RANK_DIR and, where the launcher does not say, which rank's process ended first.
+    `timeout`: seconds, after which the launcher is killed and subprocess.TimeoutExpired raised."""
+    out, err = out or sys.stdout.buffer, err or sys.stderr.buffer
+    made = "MCR_RANK_DIR" not in env
+    rank_dir = env["MCR_RANK_DIR"] if not made else tempfile.mkdtemp(prefix="mcr-ranks-")
+    env = dict(env, MCR_RANK_DIR=rank_dir)
+    watch = FirstToEnd(rank_dir, nprocs)
+    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # each stream's last chunks: where the launcher says who died
+    tails = collections.deque(maxlen=256), collections.deque(maxlen=256)
+    copies = [
+        threading.Thread(target=_copy, args=(pipe, to, tail))
+        for pipe, to, tail in ((proc.stdout, out, tails[0]), (proc.stderr, err, tails[1]))
+    ]
+    for copy in copies:
+        copy.start()
+    try:
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+        finally:
+            for copy in copies:
+                copy.join()
+            watch.stop()
+        if code != 0:
+            said = "\n".join(b"".join(tail).decode(errors="replace") for tail in tails)
+            lines = dead_rank_lines(said, read_rank_files(rank_dir), watch.first())
+            err.write("".join(line + "\n" for line in lines).encode())
+            err.flush()
+        return code
+    finally:
+        if made:
+            shutil.rmtree(rank_dir, ignore_errors=True)
+
+
+def _copy(pipe, to, tail) -> None:
+    """Copy `pipe` to `to` as it comes (a progress bar's line has no end), keeping its last chunks in `tail`."""
+    while chunk := os.read(pipe.fileno(), 65536):
+        to.write(chunk)
+        to.flush()
+        tail.append(chunk)
+    pipe.close()
 
 
 if __name__ == "__main__":

@@ -8,7 +8,9 @@ job id (two jobs on one node never share it), thread counts from the CPUs per ta
 offline. Each job builds DeepSpeed's ops in its own TORCH_EXTENSIONS_DIR (seeded from a
 pre-built cache when the system names one), so a job killed mid-build leaves its lock only
 there and cannot hang later jobs. Logs and the trainer's run dir (named with the job id) go
-under the job dir.
+under the job dir; the launcher's output is also kept in the run dir, and when the launcher fails
+`python -m launch.dead_rank` reads it with the ranks' files (MCR_RANK_DIR) and names the rank that
+died.
 """
 
 from __future__ import annotations
@@ -105,6 +107,7 @@ def _exports(job: Job) -> dict[str, str]:
         "OMP_NUM_THREADS": str(s.cpus_per_task),
         "MKL_NUM_THREADS": str(s.cpus_per_task),
         "TORCH_EXTENSIONS_DIR": "$RUN_DIR/torch_extensions",
+        "MCR_RANK_DIR": "$RUN_DIR/ranks",  # each rank's host and PID: launch.dead_rank names a dead one
     }
     if s.interface:  # the fast network: gloo, NCCL and Open MPI (its data and its daemons' wire-up) use it
         nic = shlex.quote(s.interface)
@@ -201,7 +204,10 @@ def job_script(job: Job) -> str:
         'mkdir -p "$RUN_DIR"',
         f'echo "job $JOB_ID: {job.ranks} ranks of {module} on {s.name}; master $MASTER_ADDR:$MASTER_PORT;'
         ' run dir $RUN_DIR"',
-        f"{_launcher(job, list(exports))} {shlex.join(trainer)} {_run_dir_args(job)}",
+        "# the launcher's output kept: when it fails, launch.dead_rank names the rank that died",
+        'LAUNCHER_LOG="$RUN_DIR/launcher-$JOB_ID.log"',
+        f'{_launcher(job, list(exports))} {shlex.join(trainer)} {_run_dir_args(job)} 2>&1 | tee "$LAUNCHER_LOG" ||'
+        f' {{ status=$?; {shlex.quote(python)} -m launch.dead_rank "$MCR_RANK_DIR" "$LAUNCHER_LOG"; exit $status; }}',
         "",
     ]
     return "\n".join(lines)

@@ -47,6 +47,9 @@ class RuntimeConfig:
     # let a CUDA-aware MPI and NCCL run side by side on the GPU (unsupported by NCCL: they may
     # deadlock); by default they take turns (`mcr.gpu_turns`)
     mpi_nccl_concurrent: bool = False
+    # each rank writes its rank, host and PID here at start-up (`mcr.rank_file`), so the launcher's
+    # side can name a rank that dies; launch.local and the job scripts set it
+    rank_dir: Optional[str] = None
 
     def backend_names(self) -> list:
         """The backends to start, in the registry's order."""
@@ -126,6 +129,7 @@ ENV_VARS = {
     "MCR_MPI_CUDA_AWARE": ("mpi_cuda_aware", _text),
     "MCR_STRICT_BINDING": ("strict_binding", _flag),
     "MCR_MPI_NCCL_CONCURRENT": ("mpi_nccl_concurrent", _flag),
+    "MCR_RANK_DIR": ("rank_dir", _text),
 }
 
 

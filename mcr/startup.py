@@ -26,6 +26,7 @@ from . import env as launch_env
 from . import hugepages, netcheck, streams
 from .backends import REGISTRY
 from .backends.base import BackendUnavailable
+from .rank_file import write_rank_file
 from .topology import RankGPU, Shape, Topology, binding_problems, node_lines
 from .tuning.model import predict_table
 from .tuning.table import TuningTable, TuningTables, load_tables
@@ -51,6 +52,8 @@ class BindingError(RuntimeError):
 def start(cfg, info: launch_env.LaunchInfo, store=None, op_timeout_s=None) -> Started:
     """`op_timeout_s`: torch's process-group timeout, after which a gloo or nccl op raises
     (default: the watchdog's, or torch's own where the watchdog is off); MPI has none."""
+    if cfg.rank_dir:  # first: a rank that dies while starting is named too
+        write_rank_file(cfg.rank_dir, info.rank)
     backends, unavailable = {}, {}
     after_mpi = binds_after_mpi(os.environ, visible_gpus())
     if not after_mpi:

@@ -15,9 +15,10 @@ def mark(directory: str, event: str) -> None:
     """Say that `event` happened (atomically: a reader never sees half a mark); the mark holds
     this process's id."""
     path = os.path.join(directory, event)
-    with open(path + ".partial", "w") as f:
+    partial = f"{path}.partial-{os.getpid()}"  # its own: several ranks may mark one event
+    with open(partial, "w") as f:
         f.write(str(os.getpid()))
-    os.replace(path + ".partial", path)
+    os.replace(partial, path)
 
 
 def wait_mark(directory: str, event: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import io
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from launch.local import find_mpiexec, mpiexec_command, mpiexec_family, torchrun_command
+from launch.local import find_mpiexec, mpiexec_command, mpiexec_family, run_job, torchrun_command
 from tests import forkclient, report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -129,16 +130,16 @@ def run_ranks(
         cmd[0] = client  # torchrun itself; its ranks run $PYTHON_EXEC
     elif client:
         cmd[len(cmd) - len(target) - 1] = client  # the python mpiexec starts per rank
+    output = io.BytesIO()  # stdout and stderr together, as they come
     try:
-        proc = subprocess.run(
-            cmd, env=full_env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired as exc:
-        out = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        code = run_job(cmd, full_env, nprocs, out=output, err=output, timeout=timeout, cwd=REPO)
+    except subprocess.TimeoutExpired:
+        out = output.getvalue().decode(errors="replace")
         keep_output(out)
         raise AssertionError(f"ranks did not finish in {timeout} s:\n{out[-6000:]}") from None
-    keep_output(proc.stdout)
-    return Result(proc.returncode, proc.stdout)
+    out = output.getvalue().decode(errors="replace")
+    keep_output(out)
+    return Result(code, out)
 
 
 def keep_output(output: str) -> None:

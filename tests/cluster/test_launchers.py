@@ -96,3 +96,19 @@ def test_mpiexec_across_nodes_through_the_clusters_rsh_agent_gives_every_rank_it
     assert check_views(out, "openmpi").startswith("node1:"), out[-3000:]  # rank 0 publishes its host over MPI
     assert re.search(r"probe: rank 1 local 0 of 2 world 4 host node2", out), out[-3000:]  # --map-by node: round-robin
     assert "probe: backends mpi, gloo" in out, out[-3000:]
+
+
+def test_a_rank_killed_on_another_node_is_named_with_that_node(cluster, tmp_path):
+    # tests/mcr/scripts/hang.py under launch.local on 2 nodes x 2 ranks (--map-by node: rank 1 on
+    # node2): rank 1 SIGKILLs itself while the others wait in an all-reduce. launch.local on node1
+    # sees node1's rank files only (each node has its own /tmp), so the rank is the launcher's to name
+    events = tmp_path / "events"
+    events.mkdir()
+    forward = " ".join(f"-x {var}" for var in ("PYTHONPATH", "OMP_NUM_THREADS", "PYTHONUNBUFFERED"))
+    where = f"--host node1:2,node2:2 --map-by node --mca plm_rsh_agent {cluster.rsh} {forward}"
+    hang = os.path.join(REPO, "tests", "mcr", "scripts", "hang.py")
+    cmd = [sys.executable, "-m", "launch.local", "-n", "4", "--mpiexec-args", where, hang, "kill", "op", "mpi", events]
+    env = rank_env({"MCR_WATCHDOG_TIMEOUT": "120"})
+    result = cluster.run("node1", cmd, cwd=REPO, env=env, timeout=240, check=False)
+    assert result.returncode != 0, result.stdout[-3000:]
+    assert result.stderr.rstrip().endswith("mcr: rank 1 (host node2) died"), result.stderr[-3000:]

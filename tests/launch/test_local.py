@@ -1,18 +1,21 @@
 """launch.local's mpiexec line fits the launcher on PATH: Open MPI's flags for Open MPI, none for
 Hydra (MPICH, MVAPICH, Intel MPI), which refuses `--oversubscribe` ("unrecognized argument",
 seen with the mpich wheel's mpiexec before the launcher told them apart); under Hydra, with more
-ranks than cores, the variables that make a waiting rank sleep between polls."""
+ranks than cores, the variables that make a waiting rank sleep between polls; a failed job ends
+naming the rank that died."""
 
 import contextlib
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 
 import pytest
 
 from launch import local
-from tests.ranks import REPO, rank_env, under_hydra
+from tests.ranks import REPO, rank_env, run_tool, under_hydra
 
 HYDRA_BANNER = "HYDRA build details:\n    Version:                                 5.0.2\n"
 
@@ -91,3 +94,19 @@ def test_oversubscribed_hydra_ranks_see_the_sleeping_wait_in_their_environment(t
     assert ranks_see(2) == ["1", "1"]
     assert ranks_see(1) == ["None"]
     assert ranks_see(2, MPIR_CVAR_ENABLE_HEAVY_YIELD="0") == ["0", "0"]
+
+
+def test_a_failed_job_ends_naming_the_dead_rank_from_the_files_the_ranks_wrote(tmp_path):
+    # tests/mcr/scripts/hang.py: rank 1 SIGKILLs itself while rank 0 waits in an all-reduce
+    hang = os.path.join(REPO, "tests", "mcr", "scripts", "hang.py")
+    rank_dir, events = tmp_path / "ranks", tmp_path / "events"
+    events.mkdir()
+    env = {"MCR_RANK_DIR": str(rank_dir), "MCR_WATCHDOG_TIMEOUT": "120"}
+    result = run_tool("launch.local", "-n", "2", hang, "kill", "op", "mpi", events, env=env, timeout=300)
+    assert result.returncode != 0, result.output[-3000:]
+    host = socket.gethostname()
+    assert result.errors.rstrip().endswith(f"mcr: rank 1 (host {host}) died"), result.errors[-3000:]
+    ranks = {name: json.loads((rank_dir / name).read_text()) for name in os.listdir(rank_dir)}
+    assert sorted(ranks) == ["rank-0.json", "rank-1.json"], ranks  # written whole: no temporary file left
+    assert [(r["rank"], r["host"]) for _, r in sorted(ranks.items())] == [(0, host), (1, host)], ranks
+    assert ranks["rank-0.json"]["pid"] != ranks["rank-1.json"]["pid"] > 0, ranks

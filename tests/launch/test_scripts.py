@@ -275,6 +275,11 @@ def test_every_script_sets_up_the_environment_the_trainers_read():
         exported = text.split("\nexport LOCAL_WORLD_SIZE ", 1)[1].split("\n")[0].split() + ["LOCAL_WORLD_SIZE"]
         assert {"LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "WANDB_MODE"} <= set(exported)
         assert 'out_dir="$JOB_DIR" name="moe-$JOB_ID"' in text
+        # the ranks' files and the launcher's output, read when it fails (run for real: tests/launch/test_slurm.py)
+        assert "\nMCR_RANK_DIR=$RUN_DIR/ranks" in text and "MCR_RANK_DIR" in exported, system
+        launched = text.rstrip().splitlines()[-1]
+        assert launched.endswith(' -m launch.dead_rank "$MCR_RANK_DIR" "$LAUNCHER_LOG"; exit $status; }'), launched
+        assert '2>&1 | tee "$LAUNCHER_LOG" ||' in launched, (system, launched)
 
 
 def test_a_system_naming_the_fast_interface_sends_gloo_nccl_and_open_mpi_over_it_and_keeps_the_hostname():

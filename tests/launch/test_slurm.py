@@ -271,3 +271,18 @@ def test_a_rank_killed_under_srun_fails_the_job_and_resume_continues_its_run(slu
     steps = [json.loads(line)["step"] for line in read(os.path.join(run_dir, "metrics.jsonl")).splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]  # the killed job's steps 3-4 replaced, not repeated
     assert read(os.path.join(run_dir, "checkpoints", "latest")) == "step_000006"
+
+
+def test_a_rank_killed_under_srun_is_named_with_the_host_from_its_rank_file(slurm, system, tmp_path):
+    # tests/mcr/scripts/hang.py: rank 1 SIGKILLs itself while rank 0 waits in an MPI all-reduce
+    events = tmp_path / "events"
+    events.mkdir()
+    args = ["kill", "op", "mpi", str(events)]
+    job = Job(load_system(system), 1, 600, str(tmp_path / "job"), "hang", "hang", args, module="tests.mcr.scripts.hang")
+    job_id = submit("slurm", write_script(job), cwd=job.job_dir)
+    assert wait("slurm", [job_id], DEADLINE_S)[job_id] == "FAILED"  # srun --kill-on-bad-exit ended the job
+    text = read(os.path.join(job.job_dir, f"job-{job_id}.out"))
+    assert "task 1: Killed" in text, text[-3000:]  # srun's own words
+    rank_file = json.loads(read(os.path.join(job.job_dir, f"hang-{job_id}", "ranks", "rank-1.json")))
+    # the job script's last word: launch.dead_rank, from srun's line and the rank file
+    assert text.rstrip().endswith(f"mcr: rank 1 (host {rank_file['host']}) died"), text[-3000:]
