@@ -88,7 +88,12 @@ def main(argv=None) -> int:
         cmd = mpiexec_command(args.nprocs, target, args.mpiexec_args)
     else:
         cmd = torchrun_command(args.nprocs, target)
-    return subprocess.call(cmd, env=env)
+    code = subprocess.call(cmd, env=env)
+    if code != 0 and env.get("MCR_FR_DIR"):  # ranks killed without warning left no dump: their live records
+        from mcr.tools import flight_collect
+
+        flight_collect.collect(env["MCR_FR_DIR"], "launch.local")
+    return code
 
 
 if __name__ == "__main__":
