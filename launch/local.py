@@ -90,9 +90,9 @@ def main(argv=None) -> int:
         cmd = torchrun_command(args.nprocs, target)
     code = subprocess.call(cmd, env=env)
     if code != 0 and env.get("MCR_FR_DIR"):  # ranks killed without warning left no dump: their live records
-        from mcr.tools import flight_collect
+        from mcr import flight
 
-        flight_collect.collect(env["MCR_FR_DIR"], "launch.local")
+        flight.collect_and_tell(env["MCR_FR_DIR"], "launch.local")
     return code
 
 

@@ -356,6 +356,19 @@ def collect(directory: str) -> dict:
     return written
 
 
+def collect_and_tell(directory: str, who: str) -> dict:
+    """`collect(directory)`, said on stderr by `who` (launch.local, mcr.tools.flight_collect): each
+    rank written, and the op each rank was last in and not done. {rank: path written}."""
+    written = collect(directory)
+    for rank, path in written.items():
+        sys.stderr.write(f"{who}: rank {rank} left no flight-record dump; wrote {path} from its live record\n")
+    for rank, line in open_ops(directory).items():
+        sys.stderr.write(f"{who}: rank {rank} was last in {line}\n")
+    if written:
+        sys.stderr.write(f"{who}: read every rank's record with: torchfrtrace {directory}\n")
+    return written
+
+
 def open_ops(directory: str) -> dict:
     """{rank: one line naming the op the rank was last in and not done}, from the live files in
     `directory` (ranks with none pending left out), e.g. "all_reduce on backend mpi (group

@@ -15,20 +15,6 @@ import sys
 from .. import flight
 
 
-def collect(directory: str, who: str = "mcr.tools.flight_collect") -> dict:
-    """`flight.collect(directory)`, said on stderr: each rank written, and the op each rank was last
-    in and not done. {rank: path written}."""
-    written = flight.collect(directory)
-    pending = flight.open_ops(directory)
-    for rank, path in written.items():
-        sys.stderr.write(f"{who}: rank {rank} left no flight-record dump; wrote {path} from its live record\n")
-    for rank, line in pending.items():
-        sys.stderr.write(f"{who}: rank {rank} was last in {line}\n")
-    if written:
-        sys.stderr.write(f"{who}: read every rank's record with: torchfrtrace {directory}\n")
-    return written
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("directory", help="the flight-recorder directory (MCR_FR_DIR, flight_recorder_dir)")
@@ -37,7 +23,7 @@ def main(argv=None) -> int:
         parser.error(f"no directory {args.directory}; give the one MCR_FR_DIR (flight_recorder_dir) named")
     if not flight.flight_file.live_files(args.directory):
         parser.error(f"no live flight records (mcr_fr_live_<rank>.ring) in {args.directory}")
-    collect(args.directory)
+    flight.collect_and_tell(args.directory, "mcr.tools.flight_collect")
     return 0
 
 
