@@ -23,7 +23,7 @@ import os
 import pickle
 import sys
 import threading
-from collections import deque
+from operator import itemgetter
 from threading import get_ident
 from time import time_ns
 
@@ -64,7 +64,10 @@ _DTYPE_NAMES = {
 class FlightRecorder:
     def __init__(self, rank: int, size: int, directory: str | None, timeout_s: float, keep_all=False):
         self.rank = rank
-        self.entries = deque(maxlen=size)  # bounded: the oldest entries fall off
+        self.size = size
+        # the ring: the entry of record r at r % size, where a newer one overwrites it (size 0: a
+        # place to drop entries, for a trace alone)
+        self.ring = [None] * max(size, 1)
         self.kept = [] if keep_all else None  # every entry, for a timeline trace (`mcr.trace`)
         self.directory = directory
         self.timeout_ms = int(timeout_s * 1000)
@@ -78,9 +81,15 @@ class FlightRecorder:
                 sys.stderr.write(f"mcr: rank {rank} keeps no live flight record in {directory}: {exc}\n")
         self._facts_lines = {}  # (route, method, async, group) ids -> (route, group, its line in the live file)
 
+    def entries(self) -> list:
+        """The ring's entries, oldest first."""
+        if not self.size:
+            return []
+        return sorted((entry for entry in self.ring if entry is not None), key=itemgetter(RECORD))
+
     def opener(self, route, method, async_op):
         """A function of (group, peer=None, thread=None) that opens a new entry for a call of
-        `route` (`method`, blocking or `async_op`) about to run on `group`, appends it to the ring
+        `route` (`method`, blocking or `async_op`) about to run on `group`, puts it in the ring
         and returns it; `entry[DONE]` (ns) is set when the call completes (by the caller for a
         blocking call, by the handle for an async one: `Handle.issued`), with
         `entry[DONE] = entry[LIVE][S_DONE] = time_ns()`, which stamps the live file's slot too.
@@ -93,18 +102,11 @@ class FlightRecorder:
         the entry's numbers into the entry's slot there (one `struct.pack_into`, no system call);
         the call's strings go to the file once per group (`_facts_line`)."""
         p2p = route.op.family == "send_recv"
-        records, append, kept = self.records, self.entries.append, self.kept
-        if kept is not None:  # a trace keeps every entry too
-            ring_append = append
-
-            def append(entry):
-                ring_append(entry)
-                kept.append(entry)
-
-        live = self.live
+        records, ring, kept = self.records, self.ring, self.kept
+        n = len(ring)
+        live, no_slot = self.live, flight_file.NO_SLOT
         if live is not None:
-            slots, owners, pack = live.slots, live.owners, flight_file.SLOT.pack_into
-            n = len(slots)
+            slots, pack = live.slots, flight_file.SLOT.pack_into
         seen_info, facts_line = None, 0  # the group of the last call, and its facts' line
 
         def open_entry(group, peer=None, thread=None):
@@ -117,20 +119,21 @@ class FlightRecorder:
             now, record = time_ns(), next(records)
             thread = thread or get_ident()  # the caller; for an async op, whoever waits on it once one does
             started = 0 if async_op else now  # a blocking call at once, an async one when waited on
+            i = record % n
             if live is None:
-                slot = flight_file.NO_SLOT
+                slot = no_slot
             else:
                 if info is not seen_info:
                     seen_info, facts_line = info, self._facts_line(route, method, async_op, info)
-                i = record % n
-                slot, old = slots[i], owners[i]
-                if old is not None:  # the ring's oldest entry: a late DONE of its op stamps no slot
-                    old[LIVE] = flight_file.NO_SLOT
+                old = ring[i]
+                if old is not None:  # the entry this one overwrites: a late DONE of its op stamps no slot
+                    old[LIVE] = no_slot
+                slot = slots[i]
                 peer_plus_1 = 0 if peer is None else peer + 1
                 pack(
                     slot, 0, record, facts_line, info.collective_seq, info.p2p_seq, peer_plus_1, thread, now, started, 0
                 )
-            entry = [
+            ring[i] = entry = [
                 record,
                 route,
                 info,
@@ -146,9 +149,8 @@ class FlightRecorder:
                 started,
                 slot,
             ]
-            if live is not None:
-                owners[i] = entry
-            append(entry)
+            if kept is not None:  # a trace keeps every entry too
+                kept.append(entry)
             return entry
 
         return open_entry
@@ -184,7 +186,7 @@ class FlightRecorder:
             return None
         path = os.path.join(directory, f"{FILE_PREFIX}{self.rank}")
         with self._dumping:  # a name not ending in digits: the analyzer takes none for a rank's file
-            ring = list(self.entries)
+            ring = self.entries()
             write_atomic(path, pickle.dumps(self.snapshot(why, frame, ring)), suffix=".partial")
             if self.live is not None and ring and os.path.abspath(directory) == os.path.abspath(self.directory):
                 self.live.mark(flight_file.DUMPED_OFFSET, ring[-1][RECORD] + 1)  # `collect` keeps this dump
@@ -194,7 +196,7 @@ class FlightRecorder:
         stacks = sys._current_frames()  # the pending ops' callers, where they wait now
         if frame is not None:
             stacks[get_ident()] = frame
-        ring = list(self.entries) if ring is None else ring
+        ring = self.entries() if ring is None else ring
         described = {}
         entries = []
         for entry in ring:

@@ -16,6 +16,7 @@ analyzer reads a directory's files by those):
 
 from __future__ import annotations
 
+import errno
 import json
 import mmap
 import os
@@ -62,7 +63,12 @@ class LiveFile:
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=RING_SUFFIX)
         try:
             os.fchmod(fd, MODE)
-            os.posix_fallocate(fd, 0, size)  # blocks now: a full disk is an error here, not a SIGBUS later
+            try:  # blocks now: a full disk is an error here, not a SIGBUS later
+                os.posix_fallocate(fd, 0, size)
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):  # a file system without it: sparse
+                    raise
+                os.ftruncate(fd, size)
             self.map = mmap.mmap(fd, size)
         finally:
             os.close(fd)
@@ -72,7 +78,6 @@ class LiveFile:
         first = HEADER_BYTES // 8
         self.slots = [words[first + i * SLOT_WORDS : first + (i + 1) * SLOT_WORDS] for i in range(slots)]
         self._words = words
-        self.owners = [None] * slots  # the ring entry whose op each slot holds now
         ops = self.path[: -len(RING_SUFFIX)] + OPS_SUFFIX
         self._ops_fd = os.open(ops, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, MODE)
         self._lines = 0
