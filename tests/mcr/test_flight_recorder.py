@@ -38,10 +38,11 @@ def fr_env(dumps, env=None) -> dict:
 
 def run_flight(tmp_path, mode, env=None, collect=True):
     """The script's job under mpiexec, then (`collect`) what launch.local does after a failed
-    job: a dump from the live record of each rank that left none."""
+    job, and a user after one that went wrong (`mcr.tools.flight_collect`): a dump from the live
+    record of each rank that left none."""
     dumps = tmp_path / "fr"
     result = run_script(2, SCRIPT, mode, env=fr_env(dumps, env), timeout=180)
-    if collect and result.returncode != 0:
+    if collect:
         flight.collect(str(dumps))
     return result, dumps
 
@@ -96,8 +97,9 @@ def test_torch_analyzer_names_the_collective_a_rank_skipped(tmp_path, chosen_by)
 
 
 def test_torch_analyzer_names_the_rank_whose_sizes_differ(tmp_path):
+    # Open MPI and MPICH fail the all-reduce; Intel MPI's completes it, the job ends well, and
+    # only the records (the ranks' live ones, which collect turns into dumps) show the fault
     result, dumps = run_flight(tmp_path, "mismatch")
-    assert result.returncode != 0, result.output[-3000:]
     assert dumps_of(dumps) == ["mcr_fr_rank_0", "mcr_fr_rank_1"], result.output[-3000:]
     report = analyze(dumps)
     assert "Collective sequence number: 8 has errors" in report, report
