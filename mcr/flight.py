@@ -23,6 +23,7 @@ import os
 import pickle
 import sys
 import threading
+from collections import deque
 from operator import itemgetter
 from threading import get_ident
 from time import time_ns
@@ -64,10 +65,6 @@ _DTYPE_NAMES = {
 class FlightRecorder:
     def __init__(self, rank: int, size: int, directory: str | None, timeout_s: float, keep_all=False):
         self.rank = rank
-        self.size = size
-        # the ring: the entry of record r at r % size, where a newer one overwrites it (size 0: a
-        # place to drop entries, for a trace alone)
-        self.ring = [None] * max(size, 1)
         self.kept = [] if keep_all else None  # every entry, for a timeline trace (`mcr.trace`)
         self.directory = directory
         self.timeout_ms = int(timeout_s * 1000)
@@ -80,11 +77,14 @@ class FlightRecorder:
             except OSError as exc:
                 sys.stderr.write(f"mcr: rank {rank} keeps no live flight record in {directory}: {exc}\n")
         self._facts_lines = {}  # (route, method, async, group) ids -> (route, group, its line in the live file)
+        # the ring: the oldest entries fall off; with a live file, a list where the entry of record
+        # r sits at r % size, the slot it has in the file (where a newer one overwrites it)
+        self.ring = deque(maxlen=size) if self.live is None else [None] * size
 
     def entries(self) -> list:
         """The ring's entries, oldest first."""
-        if not self.size:
-            return []
+        if self.live is None:
+            return list(self.ring)
         return sorted((entry for entry in self.ring if entry is not None), key=itemgetter(RECORD))
 
     def opener(self, route, method, async_op):
@@ -96,20 +96,57 @@ class FlightRecorder:
         `peer`: a send's or receive's; `thread`: the caller's, where it already read it.
         The one place an entry is built: `mcr.runner` and `mcr.streams` make one per route, the
         runtime's chunked and node-aware runs one per call. What is the same for each call is
-        looked up here, once: the opener runs on every op (its cost:
-        configs/tuning/vm-n2-bench-flight-recorder.txt), formats nothing and takes no lock (one
-        thread issues a rank's ops; a dump copies the ring first). With a live file it packs
+        looked up here, once: the opener runs on every op (its cost in configs/tuning/:
+        vm-n2-bench-flight-recorder.txt, and with a live file vm-flight-live-file-2026-11-28.txt),
+        formats nothing and takes no lock (one thread issues a rank's ops; a dump copies the ring
+        first). With a live file it packs
         the entry's numbers into the entry's slot there (one `struct.pack_into`, no system call);
         the call's strings go to the file once per group (`_facts_line`)."""
         p2p = route.op.family == "send_recv"
-        records, ring, kept = self.records, self.ring, self.kept
-        n = len(ring)
-        live, no_slot = self.live, flight_file.NO_SLOT
-        if live is not None:
-            slots, pack = live.slots, flight_file.SLOT.pack_into
+        records, ring, kept, live = self.records, self.ring, self.kept, self.live
+        no_slot = flight_file.NO_SLOT
+        if live is None:
+            append = ring.append
+            if kept is not None:  # a trace keeps every entry too
+                ring_append = append
+
+                def append(entry):
+                    ring_append(entry)
+                    kept.append(entry)
+
+            def open_entry(group, peer=None, thread=None):
+                info = group.info
+                if p2p:
+                    info.p2p_seq += 1
+                else:
+                    info.collective_seq += 1
+                now = time_ns()
+                entry = [
+                    next(records),
+                    route,
+                    info,
+                    info.collective_seq,
+                    info.p2p_seq,
+                    method,
+                    peer,
+                    async_op,
+                    thread or get_ident(),  # the caller; for an async op, whoever waits on it once one does
+                    now,
+                    0,
+                    0,  # an async call's return to its caller (set by the caller)
+                    0 if async_op else now,  # started: a blocking call at once, an async one when waited on
+                    no_slot,  # its stamps land nowhere
+                ]
+                append(entry)
+                return entry
+
+            return open_entry
+
+        slots, pack, n = live.slots, flight_file.SLOT.pack_into, len(ring)
         seen_info, facts_line = None, 0  # the group of the last call, and its facts' line
 
-        def open_entry(group, peer=None, thread=None):
+        def open_live_entry(group, peer=None, thread=None):
+            """The same, and the entry's numbers packed into its slot in the live file."""
             nonlocal seen_info, facts_line
             info = group.info
             if p2p:
@@ -117,22 +154,17 @@ class FlightRecorder:
             else:
                 info.collective_seq += 1
             now, record = time_ns(), next(records)
-            thread = thread or get_ident()  # the caller; for an async op, whoever waits on it once one does
-            started = 0 if async_op else now  # a blocking call at once, an async one when waited on
+            thread = thread or get_ident()
+            started = 0 if async_op else now
+            if info is not seen_info:
+                seen_info, facts_line = info, self._facts_line(route, method, async_op, info)
             i = record % n
-            if live is None:
-                slot = no_slot
-            else:
-                if info is not seen_info:
-                    seen_info, facts_line = info, self._facts_line(route, method, async_op, info)
-                old = ring[i]
-                if old is not None:  # the entry this one overwrites: a late DONE of its op stamps no slot
-                    old[LIVE] = no_slot
-                slot = slots[i]
-                peer_plus_1 = 0 if peer is None else peer + 1
-                pack(
-                    slot, 0, record, facts_line, info.collective_seq, info.p2p_seq, peer_plus_1, thread, now, started, 0
-                )
+            old = ring[i]
+            if old is not None:  # the entry this one overwrites: a late DONE of its op stamps no slot
+                old[LIVE] = no_slot
+            slot = slots[i]
+            peer_plus_1 = 0 if peer is None else peer + 1
+            pack(slot, 0, record, facts_line, info.collective_seq, info.p2p_seq, peer_plus_1, thread, now, started, 0)
             ring[i] = entry = [
                 record,
                 route,
@@ -145,15 +177,15 @@ class FlightRecorder:
                 thread,
                 now,
                 0,
-                0,  # an async call's return to its caller (set by the caller)
+                0,
                 started,
                 slot,
             ]
-            if kept is not None:  # a trace keeps every entry too
+            if kept is not None:
                 kept.append(entry)
             return entry
 
-        return open_entry
+        return open_live_entry
 
     def _facts_line(self, route, method, async_op, info) -> int:
         """The line of the live file's .ops that holds this call's strings, written on first use."""

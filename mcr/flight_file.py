@@ -96,7 +96,9 @@ class LiveFile:
     def close(self) -> None:
         """finalize(): the rank ended well; the file stays (a peer's record needs this rank's)."""
         self.mark(STATE_OFFSET, FINALIZED)
-        os.close(self._ops_fd)
+        fd, self._ops_fd = self._ops_fd, -1  # a describe() after this fails (EBADF), never writes elsewhere
+        if fd >= 0:
+            os.close(fd)
 
 
 class LiveRecord(NamedTuple):
