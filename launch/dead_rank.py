@@ -9,7 +9,7 @@ directory (MCR_RANK_DIR) at start-up. When the launcher fails, this names the ra
   dead rank's (MPICH 5 gives the node's first rank's PID; Intel MPI lists every rank it killed,
   in rank order), so there only the host is named.
 
-    python -m launch.dead_rank RANK_DIR LOGFILE   # what the job scripts run after a failed launcher
+    python -m launch.dead_rank RANK_DIR LOGFILE --flight-dir DIR   # what the job scripts run after a failed launcher
 """
 
 from __future__ import annotations
@@ -83,9 +83,18 @@ def dead_rank_lines(output: str, ranks: dict[int, RankFile], first_to_end: int |
     else:
         on_host = ", ".join(str(r) for r in sorted(ranks) if ranks[r].host == hydra.group(1)) or "none wrote a file"
         lines = [f"mcr: a rank on host {hydra.group(1)} died (Hydra does not say which; ranks there: {on_host})"]
-    # the survivors' ops go here (the op each was last in, from their live flight records): one
-    # "mcr: rank R was in <op>" line per other rank
-    return lines
+    return lines  # the op each rank was last in comes before them (`flight_record_lines`)
+
+
+def flight_record_lines(directory: str, who: str) -> list[str]:
+    """The ranks' flight records in `directory` (MCR_FR_DIR) after a failed launcher: a dump made
+    from the live record of each rank killed without warning (Hydra's SIGKILL), and the op each
+    rank was last in and not done (`mcr.flight.collect_and_tell`); none where it does not exist."""
+    if not os.path.isdir(directory):
+        return []
+    from mcr import flight  # loads torch: only after a failed job, never to launch one
+
+    return flight.collect_and_tell(directory, who)
 
 
 class FirstToEnd:
@@ -152,10 +161,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument("rank_dir", help="the ranks' files (MCR_RANK_DIR)")
     parser.add_argument("log", help="the launcher's output")
+    parser.add_argument("--flight-dir", help="the ranks' flight records (MCR_FR_DIR): name the op each was in")
     args = parser.parse_args(argv)
     with open(args.log, errors="replace") as f:
         output = f.read()
-    for line in dead_rank_lines(output, read_rank_files(args.rank_dir)):
+    said = flight_record_lines(args.flight_dir, "launch.dead_rank") if args.flight_dir else []
+    for line in said + dead_rank_lines(output, read_rank_files(args.rank_dir)):
         print(line, flush=True)
     return 0
 

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import threading
 
-from launch.dead_rank import FirstToEnd, dead_rank_lines, read_rank_files
+from launch.dead_rank import FirstToEnd, dead_rank_lines, flight_record_lines, read_rank_files
 
 
 def find_mpiexec() -> str:
@@ -144,7 +144,8 @@ def run_job(cmd, env, nprocs, out=None, err=None, timeout=None, cwd=None) -> int
             watch.stop()
         if code != 0:
             said = "\n".join(b"".join(tail).decode(errors="replace") for tail in tails)
-            lines = dead_rank_lines(said, read_rank_files(rank_dir), watch.first())
+            lines = flight_record_lines(env["MCR_FR_DIR"], "launch.local") if env.get("MCR_FR_DIR") else []
+            lines += dead_rank_lines(said, read_rank_files(rank_dir), watch.first())
             err.write("".join(line + "\n" for line in lines).encode())
             err.flush()
         return code

@@ -207,7 +207,8 @@ def job_script(job: Job) -> str:
         "# the launcher's output kept: when it fails, launch.dead_rank names the rank that died",
         'LAUNCHER_LOG="$RUN_DIR/launcher-$JOB_ID.log"',
         f'{_launcher(job, list(exports))} {shlex.join(trainer)} {_run_dir_args(job)} 2>&1 | tee "$LAUNCHER_LOG" ||'
-        f' {{ status=$?; {shlex.quote(python)} -m launch.dead_rank "$MCR_RANK_DIR" "$LAUNCHER_LOG"; exit $status; }}',
+        f' {{ status=$?; {shlex.quote(python)} -m launch.dead_rank "$MCR_RANK_DIR" "$LAUNCHER_LOG"'
+        ' --flight-dir "$RUN_DIR/flight_recorder"; exit $status; }}',
         "",
     ]
     return "\n".join(lines)

@@ -17,7 +17,7 @@ from __future__ import annotations
 from threading import Lock
 from time import perf_counter, time_ns
 
-from .flight import DONE
+from .flight import DONE, LIVE, S_DONE
 
 
 class Handle:
@@ -103,7 +103,7 @@ class Handle:
         if comm_log is not None:
             comm_log.record(self.op, perf_counter() - started)
         if record is not None:
-            record[DONE] = time_ns()
+            record[DONE] = record[LIVE][S_DONE] = time_ns()
 
     def wait(self, timeout=None) -> bool:
         if not self.done:
@@ -157,7 +157,7 @@ class Handle:
             comm_log, started = self._log
             comm_log.record(self.op, perf_counter() - started)
         if self.record is not None:
-            self.record[DONE] = time_ns()
+            self.record[DONE] = self.record[LIVE][S_DONE] = time_ns()
         self.done = True
 
 

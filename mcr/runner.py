@@ -29,7 +29,7 @@ from __future__ import annotations
 from threading import get_ident
 from time import perf_counter, time_ns
 
-from .flight import DONE, RETURNED
+from .flight import DONE, LIVE, RETURNED, S_DONE
 
 
 def prepare_blocking_run(rt, op, group, fn, comm, call=None, route=None, method=None, logged=True):
@@ -82,7 +82,7 @@ def prepare_blocking_run(rt, op, group, fn, comm, call=None, route=None, method=
         if comm_log is not None:
             comm_log.record(op, perf_counter() - started)
         if open_entry is not None:
-            entry[DONE] = time_ns()
+            entry[DONE] = entry[LIVE][S_DONE] = time_ns()
 
     return run
 

@@ -52,7 +52,7 @@ from .chunked import run_chunked
 from .commlog import CommLog
 from .config import ConfigError, RuntimeConfig
 from .debug import CallChecker
-from .flight import DONE, RETURNED, FlightRecorder
+from .flight import DONE, LIVE, RETURNED, S_DONE, FlightRecorder
 from .gpu_turns import GpuTurns
 from .group import Group, route_key
 from .inflight import InFlight
@@ -291,7 +291,7 @@ class Runtime:
         )
         if entry is not None:
             if not async_op:
-                entry[DONE] = time_ns()
+                entry[DONE] = entry[LIVE][S_DONE] = time_ns()
             else:
                 result.stamp_done(entry)
                 entry[RETURNED] = time_ns()
@@ -469,6 +469,8 @@ class Runtime:
         # that then needs the GIL aborts the process ("terminate called without an active
         # exception", seen once in CI under torchrun). torch's destroy_process_group does the same.
         self._release_groups()
+        if self.recorder is not None:
+            self.recorder.finalize()  # its live file says the rank ended well
 
     def abort(self) -> None:
         """torch's abort: this rank stops communicating now. Ops in flight are abandoned, not

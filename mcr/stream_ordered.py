@@ -27,7 +27,7 @@ from time import time_ns
 import torch
 import torch.distributed as dist
 
-from .flight import DONE, RETURNED
+from .flight import DONE, LIVE, RETURNED, S_DONE
 
 
 class StreamOps:
@@ -68,9 +68,9 @@ class StreamOps:
                 ops.popleft()
                 if type(entry) is tuple:  # a batch's ops (`Runtime.batch_p2p`)
                     for one in entry:
-                        one[DONE] = time_ns()
+                        one[DONE] = one[LIVE][S_DONE] = time_ns()
                 elif entry is not None:
-                    entry[DONE] = time_ns()
+                    entry[DONE] = entry[LIVE][S_DONE] = time_ns()
                 if timing is not None:
                     comm_log, started, ended = timing
                     ended.synchronize()  # right behind `done` on the GPU

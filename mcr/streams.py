@@ -46,7 +46,7 @@ from time import perf_counter, time_ns
 
 import torch
 
-from .flight import DONE, RETURNED, FlightRecorder
+from .flight import DONE, LIVE, RETURNED, S_DONE, FlightRecorder
 
 _bound = None  # the device this rank bound (`bind_device`); every runtime thread sets it
 
@@ -151,7 +151,7 @@ class StreamHandle:
     def stamp_done(self, entry) -> None:
         """Stamp a flight-recorder entry's DONE when the GPU has run the op (now, if it has)."""
         if self.done:
-            entry[DONE] = time_ns()
+            entry[DONE] = entry[LIVE][S_DONE] = time_ns()
         else:
             self.record = entry
 
@@ -240,7 +240,7 @@ class StreamHandle:
         if self._log is not None:
             self._log.record(self.op, self._order.gpu_seconds())
         if self.record is not None:
-            self.record[DONE] = time_ns()
+            self.record[DONE] = self.record[LIVE][S_DONE] = time_ns()
         self._inner = None  # the backend's request and the buffers it held
         self.done = True
 
@@ -399,7 +399,7 @@ class CudaRoute:
         if comm_log is not None:
             comm_log.record(op, perf_counter() - started)
         if entry is not None:
-            entry[DONE] = time_ns()
+            entry[DONE] = entry[LIVE][S_DONE] = time_ns()
 
     def issue(self, group, args):
         """The async call: returns a `StreamHandle`, held in flight until the GPU has run it."""

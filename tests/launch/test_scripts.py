@@ -278,7 +278,8 @@ def test_every_script_sets_up_the_environment_the_trainers_read():
         # the ranks' files and the launcher's output, read when it fails (run for real: tests/launch/test_slurm.py)
         assert "\nMCR_RANK_DIR=$RUN_DIR/ranks" in text and "MCR_RANK_DIR" in exported, system
         launched = text.rstrip().splitlines()[-1]
-        assert launched.endswith(' -m launch.dead_rank "$MCR_RANK_DIR" "$LAUNCHER_LOG"; exit $status; }'), launched
+        dead_rank = ' -m launch.dead_rank "$MCR_RANK_DIR" "$LAUNCHER_LOG" --flight-dir "$RUN_DIR/flight_recorder";'
+        assert launched.endswith(dead_rank + " exit $status; }"), launched
         assert '2>&1 | tee "$LAUNCHER_LOG" ||' in launched, (system, launched)
 
 

@@ -1,5 +1,8 @@
-"""The flight recorder (`mcr.flight`): real 2-rank jobs that hang, disagree or crash, their dumps
-read by torch's own analyzer (`torchfrtrace`), which must name the op and the ranks."""
+"""The flight recorder (`mcr.flight`): real 2-rank jobs that hang, disagree, crash or are killed,
+their dumps read by torch's own analyzer (`torchfrtrace`), which must name the op and the ranks.
+A rank its launcher kills without warning (Hydra's SIGKILL, a few ms after another rank dies)
+leaves its record in its live file (`mcr.flight_file`), which `mcr.flight.collect` turns into a
+dump, as launch.local does after a failed job."""
 
 from __future__ import annotations
 
@@ -10,14 +13,14 @@ import sys
 
 import pytest
 
+from mcr import flight
 from mcr.watchdog import EXIT_CODE
 from tests.mcr.tables import size_split_table
-from tests.ranks import hydra_differs, run_script
+from tests.ranks import run_script, run_tool, under_hydra
 
-# seen with MPICH 5.0.2 (`make test-mpi`), in some runs: the ranks Hydra ends leave no dump; cause not traced
-NO_DUMP_UNDER_HYDRA = (
-    "a rank the launcher ended wrote no flight-recorder dump, in some runs (Open MPI's SIGTERM lets it)"
-)
+# what a rank the launcher ended says in its dump: Open MPI's launcher sends SIGTERM first, and
+# the rank dumps; Hydra's sends SIGKILL, and the rank's live record is all there is
+ENDED_BY_LAUNCHER = flight.LIVE_REASON if under_hydra() else "SIGTERM"
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "flight.py")
 ANALYZER = os.path.join(os.path.dirname(sys.executable), "torchfrtrace")
@@ -29,11 +32,28 @@ def line_of(text: str) -> int:
         return next(n for n, line in enumerate(f, 1) if text in line)
 
 
-def run_flight(tmp_path, mode, env=None):
+def fr_env(dumps, env=None) -> dict:
+    return {"MCR_FR_DIR": str(dumps), "MCR_WATCHDOG_TIMEOUT": "10", "MCR_BACKEND": "mpi", **(env or {})}
+
+
+def run_flight(tmp_path, mode, env=None, collect=True):
+    """The script's job under mpiexec, then (`collect`) what launch.local does after a failed
+    job, and a user after one that went wrong (`mcr.tools.flight_collect`): a dump from the live
+    record of each rank that left none."""
     dumps = tmp_path / "fr"
-    env = {"MCR_FR_DIR": str(dumps), "MCR_WATCHDOG_TIMEOUT": "10", "MCR_BACKEND": "mpi", **(env or {})}
-    result = run_script(2, SCRIPT, mode, env=env, timeout=180)
+    result = run_script(2, SCRIPT, mode, env=fr_env(dumps, env), timeout=180)
+    if collect:
+        flight.collect(str(dumps))
     return result, dumps
+
+
+def dumps_of(dumps) -> list:
+    return sorted(name for name in os.listdir(dumps) if name.startswith(flight.FILE_PREFIX))
+
+
+def without_stacks(entries) -> list:
+    """Entries as a live record has them: no stacks, no thread names (no one saw them)."""
+    return [{k: v for k, v in entry.items() if k not in ("frames", "thread_name")} for entry in entries]
 
 
 def analyze(dumps) -> str:
@@ -48,9 +68,7 @@ def load(dumps, rank):
 
 
 @pytest.mark.parametrize("chosen_by", ["default", "table"])
-def test_torch_analyzer_names_the_collective_a_rank_skipped(tmp_path, chosen_by, request):
-    if chosen_by == "table":  # the gloo variant: the MPI one dumps on both ranks there too
-        hydra_differs(request, NO_DUMP_UNDER_HYDRA, always=False)
+def test_torch_analyzer_names_the_collective_a_rank_skipped(tmp_path, chosen_by):
     env, backend, rule = {}, "mpi", "the default backend"
     if chosen_by == "table":  # 16-byte all-reduces on gloo, by the table's first entry
         table = size_split_table(tmp_path / "table.yaml", 2)
@@ -58,6 +76,7 @@ def test_torch_analyzer_names_the_collective_a_rank_skipped(tmp_path, chosen_by,
         rule = f"the tuning table {table} (entry 0: all_reduce [0, 1K))"
     result, dumps = run_flight(tmp_path, "hang", env)
     assert result.returncode != 0, result.output[-3000:]
+    assert dumps_of(dumps) == ["mcr_fr_rank_0", "mcr_fr_rank_1"], result.output[-3000:]
     report = analyze(dumps)
     # the first collective not every rank reached: the world's 8th, which rank 1 never issued
     first = report.split("Not all ranks joining collective, sequence number: ")[1]
@@ -77,23 +96,22 @@ def test_torch_analyzer_names_the_collective_a_rank_skipped(tmp_path, chosen_by,
         assert result.returncode == EXIT_CODE, result.output[-3000:]
 
 
-def test_torch_analyzer_names_the_rank_whose_sizes_differ(tmp_path, request):
-    hydra_differs(request, NO_DUMP_UNDER_HYDRA, always=False)
+def test_torch_analyzer_names_the_rank_whose_sizes_differ(tmp_path):
+    # Open MPI and MPICH fail the all-reduce; Intel MPI's completes it, the job ends well, and
+    # only the records (the ranks' live ones, which collect turns into dumps) show the fault
     result, dumps = run_flight(tmp_path, "mismatch")
-    assert result.returncode != 0, result.output[-3000:]
-    assert sorted(os.listdir(dumps)) == ["mcr_fr_rank_0", "mcr_fr_rank_1"], result.output[-3000:]
+    assert dumps_of(dumps) == ["mcr_fr_rank_0", "mcr_fr_rank_1"], result.output[-3000:]
     report = analyze(dumps)
     assert "Collective sequence number: 8 has errors" in report, report
     assert "Culprit rank 1; Error type: SIZE_OR_SYNTAX_MISMATCH" in report, report
     assert "'[[4]]' does not match found input sizes: '[[8]]'" in report, report
 
 
-def test_an_uncaught_exception_and_the_launchers_sigterm_each_dump(tmp_path, request):
-    hydra_differs(request, NO_DUMP_UNDER_HYDRA, always=False)
+def test_an_uncaught_exception_and_the_launchers_end_each_leave_a_record(tmp_path):
     result, dumps = run_flight(tmp_path, "raise")
     assert result.returncode != 0 and "ValueError: a bug in the training script" in result.output, result.output
     assert load(dumps, 1)["mcr_dump_reason"] == "uncaught ValueError", result.output[-3000:]
-    assert load(dumps, 0)["mcr_dump_reason"] == "SIGTERM", result.output[-3000:]
+    assert load(dumps, 0)["mcr_dump_reason"] == ENDED_BY_LAUNCHER, result.output[-3000:]
     waiting = load(dumps, 0)["entries"][-1]  # rank 0 was in the world's 8th collective
     assert (waiting["collective_seq_id"], waiting["state"]) == (8, "started"), waiting
     report = subprocess.run([ANALYZER, str(dumps)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -102,7 +120,7 @@ def test_an_uncaught_exception_and_the_launchers_sigterm_each_dump(tmp_path, req
 
 def test_sigusr1_dumps_a_live_job_and_the_ring_keeps_the_last_n(tmp_path):
     env = {"MCR_FR_SIZE": "16", "MCR_FR_DUMP_ON_FINALIZE": "1"}
-    result, dumps = run_flight(tmp_path, "live", env=env)
+    result, dumps = run_flight(tmp_path, "live", env=env, collect=False)
     result.check()
     with open(tmp_path / "sigusr1_rank_1", "rb") as f:
         live = pickle.load(f)
@@ -120,3 +138,42 @@ def test_sigusr1_dumps_a_live_job_and_the_ring_keeps_the_last_n(tmp_path):
         assert records == list(range(34, 50)), records
         assert {e["state"] for e in dump["entries"]} == {"completed"}
     assert "Not all ranks" not in analyze(dumps) and "has errors" not in analyze(dumps)
+    # each rank's own dumps are newer than its live record: collect keeps them; without one, a
+    # rank that finalized gets the same entries from its live record
+    assert flight.collect(str(dumps)) == {}
+    os.replace(dumps / "mcr_fr_rank_0", tmp_path / "finalize_rank_0")
+    assert flight.collect(str(dumps)) == {0: str(dumps / "mcr_fr_rank_0")}
+    with open(tmp_path / "finalize_rank_0", "rb") as f:
+        finalized = pickle.load(f)
+    assert load(dumps, 0)["mcr_dump_reason"] == flight.FINALIZED_REASON
+    assert without_stacks(load(dumps, 0)["entries"]) == without_stacks(finalized["entries"])
+
+
+def test_a_rank_killed_mid_op_leaves_its_record_in_its_live_file(tmp_path):
+    """Rank 1 SIGKILLs itself in a receive (no handler runs); launch.local, seeing the job fail,
+    writes its dump from its live record, which says what the rank's own dump said a moment
+    before (but the stacks). Under Hydra rank 0 is SIGKILLed too, and its record comes the same way."""
+    dumps = tmp_path / "fr"
+    result = run_tool("launch.local", "-n", "2", SCRIPT, "kill", env=fr_env(dumps), timeout=180)
+    assert result.returncode != 0, result.output[-3000:] + result.errors[-3000:]
+    said = f"launch.local: rank 1 left no flight-record dump; wrote {dumps / 'mcr_fr_rank_1'} from its live record"
+    assert said in result.errors, result.errors[-3000:]
+    assert dumps_of(dumps) == ["mcr_fr_rank_0", "mcr_fr_rank_1"], result.errors[-3000:]
+    killed = load(dumps, 1)
+    assert killed["mcr_dump_reason"] == flight.LIVE_REASON, killed["mcr_dump_reason"]
+    with open(tmp_path / "before_kill" / "mcr_fr_rank_1", "rb") as f:
+        before = pickle.load(f)
+    assert without_stacks(killed["entries"]) == without_stacks(before["entries"])
+    assert (killed["pg_config"], killed["pg_status"]) == (before["pg_config"], before["pg_status"])
+    # 9 ops before the fault, then the receive it died in
+    assert [e["record_id"] for e in killed["entries"]] == list(range(10)), killed["entries"]
+    last = killed["entries"][-1]
+    assert (last["profiling_name"], last["p2p_seq_id"], last["state"]) == ("gloo:recv 1<-0", 2, "started"), last
+    assert load(dumps, 0)["mcr_dump_reason"] == ENDED_BY_LAUNCHER
+    waiting = load(dumps, 0)["entries"][-1]
+    assert (waiting["collective_seq_id"], waiting["state"]) == (8, "started"), waiting
+    assert "missing ranks: {1}" in analyze(dumps).split("Not all ranks joining collective, sequence number: 8")[1]
+    pending = flight.open_ops(str(dumps))
+    assert pending[0].startswith("all_reduce on backend mpi (group world, seq 8), waiting "), pending
+    assert pending[1].startswith("recv from rank 0 on backend mpi (group world, p2p seq 2), waiting "), pending
+    assert f"launch.local: rank 1 was last in {pending[1].split(', waiting')[0]}" in result.errors

@@ -71,11 +71,12 @@ def test_a_wait_no_test_can_finish_does_not_hang_on_a_pending_mpi_receive(thread
     assert out.count("waited only OK") == 2 and out.count("pending: OK") == 4, out[-3000:]
 
 
-def run_hang(fault, wait, backend, launcher="mpiexec", watchdog_s=10):
+def run_hang(fault, wait, backend, launcher="mpiexec", watchdog_s=10, flight_dir=None):
     """hang.py under `launcher`; returns the result and the seconds from rank 1's fault to the job's
-    end (`result.waited_s`: from the start of rank 0's endless wait to the job's end)."""
+    end (`result.waited_s`: from the start of rank 0's endless wait to the job's end).
+    `flight_dir`: the ranks keep their flight records there (MCR_FR_DIR)."""
     script = os.path.join(SCRIPTS, "hang.py")
-    env = {"MCR_WATCHDOG_TIMEOUT": str(watchdog_s)}
+    env = {"MCR_WATCHDOG_TIMEOUT": str(watchdog_s), **({"MCR_FR_DIR": str(flight_dir)} if flight_dir else {})}
     with tempfile.TemporaryDirectory(prefix="mcr-hang-") as events:
         result = run_script(
             2, script, fault, wait, backend, events, launcher=launcher, env=env, timeout=watchdog_s + 150
@@ -150,15 +151,20 @@ KILLED = {
         ("torchrun", "async", "gloo"),  # no MPI world under torchrun
     ],
 )
-def test_a_killed_rank_ends_the_job_promptly_named_with_its_host_and_where_its_peer_waited(launcher, wait, backend):
+def test_a_killed_rank_ends_the_job_promptly_named_with_its_host_and_where_its_peer_waited(
+    launcher, wait, backend, tmp_path
+):
     # the watchdog's 120 s is far off: what ends the job is the dead rank, not a timeout
-    result, _ = run_hang("kill", wait, backend, launcher=launcher, watchdog_s=120)
+    result, _ = run_hang("kill", wait, backend, launcher=launcher, watchdog_s=120, flight_dir=tmp_path)
     out = result.output
     assert ended_by_the_fault(result), (result.returncode, out[-3000:])
     # launch.local's last word, under every launcher: the rank, from its rank file's host
     assert out.rstrip().endswith(f"mcr: rank 1 (host {socket.gethostname()}) died"), out[-3000:]
-    hydra = launcher == "mpiexec" and under_hydra()
-    if hydra:  # Hydra SIGKILLs the survivors at once: they say nothing (their ops: the flight records)
+    if launcher == "mpiexec" and under_hydra():
+        # Hydra SIGKILLs the survivors at once: they say nothing, so launch.local names rank 0's op
+        # from its live flight record (an MPI wait never learns of the death; a gloo one may)
+        if backend == "mpi":
+            assert "launch.local: rank 0 was last in all_reduce on backend mpi (group world" in out, out[-3000:]
         return
     assert re.search(KILLED[launcher], out), out[-3000:]
     # the survivor names its op: gloo sees the closed connection; an MPI wait learns of the death

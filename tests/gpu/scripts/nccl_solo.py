@@ -148,7 +148,7 @@ if gpu.cuda:  # finding 12: an NCCL op the GPU has not run yet stays in flight, 
     torch.cuda._sleep(int(gpu.cycles_per_ms * 300))  # 300 ms of GPU work queued before the op
     t = torch.ones(4, device=gpu.device)
     mcr.all_reduce(t, backend="nccl")  # returns at once: NCCL queued it behind the sleep
-    entry = rt.recorder.entries[-1]
+    entry = rt.recorder.entries()[-1]
     pending = rt.stream_ops.settle()  # what the watchdog reads each tick: the oldest op the GPU has not run
     checks.expect_true(
         "in-flight",

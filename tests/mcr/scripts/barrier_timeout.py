@@ -35,7 +35,7 @@ rank, rt = mcr.get_rank(), mcr.api.runtime()
 
 def ran_on() -> str:
     """The backend that ran this rank's last op (its flight-recorder entry)."""
-    return rt.recorder.entries[-1][ROUTE].op.label
+    return rt.recorder.entries()[-1][ROUTE].op.label
 
 
 barrier(timeout=timedelta(seconds=60) if mode == "dist" else 60)  # mcr.barrier also takes seconds

@@ -1,8 +1,10 @@
 """Ops with a known history on every rank, then a fault, for the flight-recorder tests.
-Usage: flight.py hang|mismatch|raise|live
+Usage: flight.py hang|mismatch|raise|kill|live
   hang:     rank 1 skips the 8th collective and waits in a receive that never comes
   mismatch: rank 1 all-reduces 8 elements where rank 0 all-reduces 4
   raise:    rank 1 raises in its own code once rank 0 waits in an all-reduce
+  kill:     rank 1 SIGKILLs itself in a receive once rank 0 waits in an all-reduce, after it
+            dumped its record into ../before_kill (what the live record must say too)
   live:     40 ops with a ring of 16 (MCR_FR_SIZE); rank 1 sends itself SIGUSR1 once it waits
             on an async receive, and rank 0 sends only once that dump is written; both ranks
             dump again at finalize (MCR_FR_DUMP_ON_FINALIZE)"""
@@ -46,6 +48,20 @@ elif mode == "raise":
         raise ValueError("a bug in the training script")
     events.when_in_a_wait(mcr.runtime(), lambda: events.mark(here, "rank 0 waits"))
     mcr.all_reduce(t)
+elif mode == "kill":
+    here = os.path.dirname(os.path.abspath(os.environ["MCR_FR_DIR"]))  # where the ranks mark their steps (tests.events)
+    if rank == 1:
+        events.wait_mark(here, "rank 0 waits")
+
+        def dump_and_die():
+            mcr.dump_flight_record(os.path.join(here, "before_kill"))
+            os.kill(os.getpid(), signal.SIGKILL)  # no handler runs: only the live record is left
+
+        events.when_in_a_wait(mcr.runtime(), dump_and_die)
+        mcr.recv(t, 0)  # never sent: rank 1 dies in it
+    else:
+        events.when_in_a_wait(mcr.runtime(), lambda: events.mark(here, "rank 0 waits"))
+        mcr.all_reduce(t)
 elif mode == "live":
     for _ in range(40):
         mcr.all_reduce(t)

@@ -34,7 +34,7 @@ def summed(base, dtype=torch.float32):
 base = torch.arange(4, dtype=torch.float32)
 assert rt.direct, "no debug checks or profiler spans here: the api runs ready routes itself"
 x = torch.empty(4)
-before = len(rt.recorder.entries)
+before = len(rt.recorder.entries())
 long_way = []  # the calls that went through Runtime.call: only the first makes the route ready
 call = rt.call
 rt.call = lambda request: (long_way.append(request.family), call(request))[1]
@@ -46,7 +46,7 @@ for step in range(5):  # one tensor, new data each time: the route is made once 
 rt.call = call
 assert long_way == ["all_reduce"], f"the api's shortcut missed the ready route: {len(long_way)} calls took the long way"
 assert ran_on() == {("mpi", 16, 5)}, "one route, on MPI, each call logged once"
-entries = list(rt.recorder.entries)[before:]
+entries = rt.recorder.entries()[before:]
 assert len(entries) == 5, f"{len(entries)} flight-recorder entries for 5 calls"
 assert [e[3] for e in entries] == list(range(entries[0][3], entries[0][3] + 5)), "sequence numbers not consecutive"
 
