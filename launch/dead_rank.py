@@ -58,8 +58,16 @@ NAMED = [
 HYDRA = re.compile(r"BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n=\s+(?:RANK \d+ )?PID \d+ RUNNING AT (\S+)")
 
 
+# torchrun's summary block of a rank a signal ended ("exitcode  : -9 (pid: 12771)  (SIGKILL)"): the
+# dead rank, where its "Root Cause" names a peer that failed of it in the same second
+SIGNALED = re.compile(r"host\s*: (?P<host>\S+)\s*rank\s*: (?P<rank>\d+) \(local_rank: \d+\)\s*exitcode\s*: -\d+")
+
+
 def named_by_launcher(output: str) -> tuple[int, str] | None:
     """(rank, host) of the first rank the launcher's `output` says died, or None."""
+    signaled = SIGNALED.search(output)
+    if signaled:
+        return int(signaled["rank"]), signaled["host"]
     found = [m for m in (pattern.search(output) for pattern in NAMED) if m]
     if not found:
         return None
@@ -104,7 +112,7 @@ class FirstToEnd:
 
     def __init__(self, directory: str, nprocs: int):
         self.directory, self.nprocs = directory, nprocs
-        self.ended: list[int] = []
+        self.ended: list[list[int]] = []  # the ranks seen ending, in order; those seen at once together
         self.seen: set[int] = set()  # the ranks whose files were read
         self.elsewhere = False  # some ranks run on other nodes
         self._stop_r, self._stop_w = os.pipe()
@@ -113,9 +121,11 @@ class FirstToEnd:
 
     def first(self) -> int | None:
         """The rank that ended first, once the job is over (`stop` first); None where some ranks
-        ran on other nodes (their files name another host, or are written there) or wrote none."""
+        ran on other nodes (their files name another host, or are written there) or wrote none,
+        or where the first to end were seen ending together (one wake-up of a busy watcher)."""
         every_rank_here = len(self.seen) == self.nprocs and not self.elsewhere
-        return self.ended[0] if self.ended and every_rank_here else None
+        alone = self.ended and len(self.ended[0]) == 1
+        return self.ended[0][0] if alone and every_rank_here else None
 
     def stop(self) -> None:
         os.write(self._stop_w, b"x")
@@ -127,7 +137,10 @@ class FirstToEnd:
         poller, by_fd, seen = select.poll(), {}, self.seen
         poller.register(self._stop_r, select.POLLIN)
         host = socket.gethostname()
+        batch, stopping = [], False  # the ranks the last poll saw ending
         while True:
+            # a rank already gone when its file is first read ended since the last look, as
+            # those the last poll saw did: which of them was first is not known
             for rank, about in read_rank_files(self.directory).items():
                 if rank in seen:
                     continue
@@ -137,22 +150,27 @@ class FirstToEnd:
                     continue
                 try:
                     fd = os.pidfd_open(about.pid)
-                except ProcessLookupError:  # ended before we looked
-                    self.ended.append(rank)
+                except ProcessLookupError:
+                    batch.append(rank)
                     continue
                 except OSError:  # no process descriptors (Linux before 5.3): the launcher's words alone
                     return
                 by_fd[fd] = rank
                 poller.register(fd, select.POLLIN)
+            if batch:
+                self.ended.append(batch)
+            if stopping:
+                for fd in by_fd:
+                    os.close(fd)
+                return
             # until every rank has written its file, look for new ones every 0.1 s
-            for fd, _ in poller.poll(None if len(seen) >= self.nprocs else 100):
-                if fd == self._stop_r:
-                    for other in by_fd:
-                        os.close(other)
-                    return
-                self.ended.append(by_fd.pop(fd))
-                poller.unregister(fd)
-                os.close(fd)
+            ready = [fd for fd, _ in poller.poll(None if len(seen) >= self.nprocs else 100)]
+            stopping = self._stop_r in ready
+            batch = [by_fd.pop(fd) for fd in ready if fd != self._stop_r]
+            for fd in ready:
+                if fd != self._stop_r:
+                    poller.unregister(fd)
+                    os.close(fd)
 
 
 def main(argv=None) -> int:

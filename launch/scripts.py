@@ -208,7 +208,7 @@ def job_script(job: Job) -> str:
         'LAUNCHER_LOG="$RUN_DIR/launcher-$JOB_ID.log"',
         f'{_launcher(job, list(exports))} {shlex.join(trainer)} {_run_dir_args(job)} 2>&1 | tee "$LAUNCHER_LOG" ||'
         f' {{ status=$?; {shlex.quote(python)} -m launch.dead_rank "$MCR_RANK_DIR" "$LAUNCHER_LOG"'
-        ' --flight-dir "$RUN_DIR/flight_recorder"; exit $status; }}',
+        ' --flight-dir "$RUN_DIR/flight_recorder"; exit $status; }',
         "",
     ]
     return "\n".join(lines)

@@ -1,0 +1,83 @@
+"""launch.dead_rank: which rank died, from the ranks' processes (FirstToEnd) and the launcher's words."""
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+from launch.dead_rank import FirstToEnd, dead_rank_lines, read_rank_files
+
+# torchrun 2.13's summary of a real run of tests/mcr/scripts/hang.py kill (rank 1 SIGKILLed itself,
+# rank 0 then failed on the closed connection in the same second): its Root Cause is rank 0
+TORCHRUN_SUMMARY = """Failures:
+[1]:
+  time      : 2026-11-28_23:10:48
+  host      : localhost
+  rank      : 1 (local_rank: 1)
+  exitcode  : -9 (pid: 12771)  (SIGKILL)
+  error_file: <N/A>
+  traceback : Signal 9 (SIGKILL) received by PID 12771
+------------------------------------------------------------
+Root Cause (first observed failure):
+[0]:
+  time      : 2026-11-28_23:10:48
+  host      : localhost
+  rank      : 0 (local_rank: 0)
+  exitcode  : 1 (pid: 12770)
+"""
+
+
+def write_rank_files(directory, procs):
+    for rank, proc in enumerate(procs):
+        about = {"rank": rank, "host": socket.gethostname(), "pid": proc.pid}
+        (directory / f"rank-{rank}.json").write_text(json.dumps(about))
+
+
+def sleepers(n):
+    return [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(n)]
+
+
+def test_torchruns_summary_names_the_rank_a_signal_ended_not_its_root_cause(tmp_path):
+    procs = sleepers(2)
+    write_rank_files(tmp_path, procs)
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+    assert dead_rank_lines(TORCHRUN_SUMMARY, read_rank_files(str(tmp_path))) == [
+        f"mcr: rank 1 (host {socket.gethostname()}) died"
+    ]
+
+
+def test_the_first_rank_to_end_is_named_and_ranks_seen_ending_together_name_none(tmp_path):
+    alone, together = tmp_path / "alone", tmp_path / "together"
+    alone.mkdir(), together.mkdir()
+    procs = sleepers(2)
+    watch = FirstToEnd(str(alone), 2)
+    write_rank_files(alone, procs)
+    deadline = time.monotonic() + 120
+    while watch.seen != {0, 1}:  # both watched before either ends
+        assert time.monotonic() < deadline, watch.seen
+        time.sleep(0.01)
+    procs[1].send_signal(signal.SIGKILL)
+    procs[1].wait()
+    while not watch.ended:  # rank 1 seen ending before rank 0 is killed
+        assert time.monotonic() < deadline, watch.ended
+        time.sleep(0.01)
+    procs[0].kill()
+    procs[0].wait()
+    watch.stop()
+    assert watch.first() == 1, watch.ended
+    # both ended before the watcher looked: which was first, it cannot say
+    procs = sleepers(2)
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+    write_rank_files(together, procs)
+    watch = FirstToEnd(str(together), 2)
+    while watch.seen != {0, 1}:
+        assert time.monotonic() < deadline, watch.seen
+        time.sleep(0.01)
+    watch.stop()
+    assert watch.ended == [[0, 1]] and watch.first() is None, watch.ended
