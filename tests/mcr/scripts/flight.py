@@ -17,9 +17,14 @@ import time
 import torch
 
 import mcr
+import mcr.env
 from tests import events
 
 mode = sys.argv[1]
+if mode == "hang" and mcr.env.discover().rank == 1:
+    # rank 0's watchdog names the hang; rank 1's, firing first, would end the job before rank 0
+    # dumps its stack (Hydra SIGKILLs the other ranks of one that aborts)
+    os.environ["MCR_WATCHDOG_TIMEOUT"] = str(3 * float(os.environ.get("MCR_WATCHDOG_TIMEOUT", "10")))
 mcr.init()
 rank = mcr.get_rank()
 t = torch.arange(4, dtype=torch.float32) + 10 * rank
