@@ -9,6 +9,7 @@ import os
 import pytest
 
 from tests.ranks import run_script
+from tests.streams import scenarios
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "mpi_on_device.py")
 ENV = {"MCR_BACKENDS": "mpi,gloo,nccl", "MCR_MPI_CUDA_AWARE": "true"}
@@ -17,16 +18,7 @@ ENV = {"MCR_BACKENDS": "mpi,gloo,nccl", "MCR_MPI_CUDA_AWARE": "true"}
 @pytest.fixture(scope="module")
 def device():
     result = run_script(2, SCRIPT, env=ENV).check()
-    found = result.tagged("DEVICE")
-
-    def scenario(name):
-        per_rank = [found.get(f"{rank} {name}") for rank in (0, 1)]
-        assert all(per_rank), f"{name}: a rank reported nothing:\n{result.output[-3000:]}"
-        for value in per_rank:
-            assert "error" not in value, f"{name}: {value['error']}"
-        return per_rank
-
-    return scenario
+    return scenarios(result, "DEVICE")
 
 
 def test_a_host_driven_ops_temporaries_are_made_before_its_ready_event(device):

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from tests.ranks import run_script
+from tests.streams import scenarios
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "nccl_contract.py")
 HANG = os.path.join(os.path.dirname(__file__), "scripts", "nccl_hang.py")
@@ -16,16 +17,7 @@ HANG = os.path.join(os.path.dirname(__file__), "scripts", "nccl_hang.py")
 @pytest.fixture(scope="module")
 def contract():
     result = run_script(2, SCRIPT, launcher="torchrun", env={"MCR_BACKENDS": "gloo,nccl"}).check()
-    found = result.tagged("CONTRACT")
-
-    def scenario(name):
-        per_rank = [found.get(f"{rank} {name}") for rank in (0, 1)]
-        assert all(per_rank), f"{name}: a rank reported nothing:\n{result.output[-3000:]}"
-        for value in per_rank:
-            assert "error" not in value, f"{name}: {value['error']}"
-        return per_rank
-
-    return scenario
+    return scenarios(result, "CONTRACT")
 
 
 def test_a_blocking_nccl_all_reduce_runs_on_the_callers_stream_and_switches_waits_and_wakes_nothing(contract):

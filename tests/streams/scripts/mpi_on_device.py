@@ -9,7 +9,6 @@ What MPI does is observed, not changed: each call of the MPI backend's op method
 each buffer handed to MPI as `mpi_reads` (with the kernels queued on that memory and not yet run:
 MPI reads device memory on the host, at once, so any such kernel is a race)."""
 
-import sys
 import threading
 import time
 
@@ -21,6 +20,7 @@ import torch  # noqa: E402
 
 import mcr  # noqa: E402
 from tests.report import report  # noqa: E402
+from tests.streams import mcr_calls  # noqa: E402
 
 _depth = threading.local()
 
@@ -352,16 +352,7 @@ def _(since):
     none in flight), counted as tests/streams/scripts/nccl_contract.py counts them."""
     t = data("cc", rank)
     mcr.all_reduce(t)  # the route is made: count a call of a made route
-    mcr_dir = mcr.__path__[0]
-    calls = []
-
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename.startswith(mcr_dir):
-            calls.append(f"{frame.f_code.co_filename[len(mcr_dir) + 1 :]}:{frame.f_code.co_name}")
-
-    sys.setprofile(profile)
-    mcr.all_reduce(t)
-    sys.setprofile(None)
+    calls = mcr_calls(lambda: mcr.all_reduce(t))
     return {"calls": calls, "turns": getattr(rt, "turns", None) is not None}
 
 

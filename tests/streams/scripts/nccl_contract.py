@@ -3,7 +3,6 @@ stand-in (`tests.streams.cuda_model`). Each scenario reports what the stand-in r
 ran, as `CONTRACT <rank> <scenario> {...}`; tests/streams/test_nccl_contract.py states the rule.
 Usage: nccl_contract.py (under torchrun, 2 ranks)."""
 
-import sys
 import threading
 import time
 from collections import namedtuple
@@ -17,6 +16,7 @@ import torch  # noqa: E402
 import mcr  # noqa: E402
 from mcr.hooks.work import handle_work  # noqa: E402
 from tests.report import report  # noqa: E402
+from tests.streams import mcr_calls  # noqa: E402
 
 P2POp = namedtuple("P2POp", "op tensor peer group tag")  # torch's P2POp needs torch's default group
 rt = mcr.init()
@@ -162,16 +162,7 @@ def _(since):
 def _(since):
     t = data(rank)
     mcr.all_reduce(t)  # the route is made: count a call of a made route
-    mcr_dir = mcr.__path__[0]
-    calls = []
-
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code.co_filename.startswith(mcr_dir):
-            calls.append(f"{frame.f_code.co_filename[len(mcr_dir) + 1 :]}:{frame.f_code.co_name}")
-
-    sys.setprofile(profile)
-    mcr.all_reduce(t)
-    sys.setprofile(None)
+    calls = mcr_calls(lambda: mcr.all_reduce(t))
     return {"calls": calls}
 
 
