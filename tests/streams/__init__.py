@@ -1,5 +1,17 @@
 """The CPU tier of the stream and device rules: a stand-in for CUDA (`cuda_model`) under real ranks."""
 
+import time
+
+
+def wait_for(condition, timeout) -> bool:
+    """True once `condition()` holds (checked every millisecond), False after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1e-3)
+    return True
+
 
 def mcr_calls(call) -> list:
     """The Python functions in mcr that `call()` enters ("file.py:function", in order): what a

@@ -10,7 +10,6 @@ each buffer handed to MPI as `mpi_reads` (with the kernels queued on that memory
 MPI reads device memory on the host, at once, so any such kernel is a race)."""
 
 import threading
-import time
 
 from tests.streams import cuda_model as cm
 
@@ -20,7 +19,7 @@ import torch  # noqa: E402
 
 import mcr  # noqa: E402
 from tests.report import report  # noqa: E402
-from tests.streams import mcr_calls  # noqa: E402
+from tests.streams import mcr_calls, wait_for  # noqa: E402
 
 _depth = threading.local()
 
@@ -240,16 +239,6 @@ def _(since):
         "reads": [e for e in log if e[0] == "mpi_reads" and e[2] == "cs_in"],
         "side": side.name,
     }
-
-
-def wait_for(condition, timeout):
-    """True once `condition()` holds (checked every millisecond), False after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(1e-3)
-    return True
 
 
 def nccl_then_mpi(since, name):

@@ -4,7 +4,6 @@ ran, as `CONTRACT <rank> <scenario> {...}`; tests/streams/test_nccl_contract.py 
 Usage: nccl_contract.py (under torchrun, 2 ranks)."""
 
 import threading
-import time
 from collections import namedtuple
 
 from tests.streams import cuda_model as cm
@@ -16,7 +15,7 @@ import torch  # noqa: E402
 import mcr  # noqa: E402
 from mcr.hooks.work import handle_work  # noqa: E402
 from tests.report import report  # noqa: E402
-from tests.streams import mcr_calls  # noqa: E402
+from tests.streams import mcr_calls, wait_for  # noqa: E402
 
 P2POp = namedtuple("P2POp", "op tensor peer group tag")  # torch's P2POp needs torch's default group
 rt = mcr.init()
@@ -164,16 +163,6 @@ def _(since):
     mcr.all_reduce(t)  # the route is made: count a call of a made route
     calls = mcr_calls(lambda: mcr.all_reduce(t))
     return {"calls": calls}
-
-
-def wait_for(condition, timeout):
-    """True once `condition()` holds (checked every millisecond), False after `timeout` s."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(1e-3)
-    return True
 
 
 def kept():
