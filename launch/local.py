@@ -14,14 +14,18 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import fcntl
 import functools
 import os
+import pty
 import re
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import termios
 import threading
 
 from launch.dead_rank import FirstToEnd, dead_rank_lines, flight_record_lines, read_rank_files
@@ -118,17 +122,25 @@ def run_job(cmd, env, nprocs, out=None, err=None, timeout=None, cwd=None) -> int
     rank that died first (launch.dead_rank), from the launcher's output, the ranks' files in
     $MCR_RANK_DIR and, where the launcher does not say, which rank's process ended first.
     `timeout`: seconds, after which the launcher is killed and subprocess.TimeoutExpired raised."""
+    terminal = out is None and sys.stdout.isatty()
     out, err = out or sys.stdout.buffer, err or sys.stderr.buffer
     made = "MCR_RANK_DIR" not in env
     rank_dir = env["MCR_RANK_DIR"] if not made else tempfile.mkdtemp(prefix="mcr-ranks-")
     env = dict(env, MCR_RANK_DIR=rank_dir)
     watch = FirstToEnd(rank_dir, nprocs)
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    if terminal:  # the ranks' stdout a terminal too, as without launch.local between (progress bars)
+        reader, writer = _terminal_like(sys.stdout.fileno())
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=writer, stderr=subprocess.PIPE)
+        os.close(writer)
+        stdout = os.fdopen(reader, "rb", buffering=0)
+    else:
+        proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        stdout = proc.stdout
     # each stream's last chunks: where the launcher says who died
     tails = collections.deque(maxlen=256), collections.deque(maxlen=256)
     copies = [
         threading.Thread(target=_copy, args=(pipe, to, tail))
-        for pipe, to, tail in ((proc.stdout, out, tails[0]), (proc.stderr, err, tails[1]))
+        for pipe, to, tail in ((stdout, out, tails[0]), (proc.stderr, err, tails[1]))
     ]
     for copy in copies:
         copy.start()
@@ -154,9 +166,27 @@ def run_job(cmd, env, nprocs, out=None, err=None, timeout=None, cwd=None) -> int
             shutil.rmtree(rank_dir, ignore_errors=True)
 
 
+def _terminal_like(fd) -> tuple[int, int]:
+    """A pty (reader, writer) with terminal `fd`'s window size, writing bytes as they are (no
+    CR added: the terminal they are copied to adds its own)."""
+    reader, writer = pty.openpty()
+    with contextlib.suppress(OSError):
+        fcntl.ioctl(writer, termios.TIOCSWINSZ, fcntl.ioctl(fd, termios.TIOCGWINSZ, b"\0" * 8))
+    attrs = termios.tcgetattr(writer)
+    attrs[1] &= ~termios.OPOST
+    termios.tcsetattr(writer, termios.TCSANOW, attrs)
+    return reader, writer
+
+
 def _copy(pipe, to, tail) -> None:
     """Copy `pipe` to `to` as it comes (a progress bar's line has no end), keeping its last chunks in `tail`."""
-    while chunk := os.read(pipe.fileno(), 65536):
+    while True:
+        try:
+            chunk = os.read(pipe.fileno(), 65536)
+        except OSError:  # a pty's reader once no process holds its writer (EIO): the end
+            chunk = b""
+        if not chunk:
+            break
         to.write(chunk)
         to.flush()
         tail.append(chunk)
