@@ -112,7 +112,7 @@ def test_a_rank_killed_on_another_node_is_named_with_that_node(cluster, tmp_path
     result = cluster.run("node1", cmd, cwd=REPO, env=env, timeout=240, check=False)
     assert result.returncode != 0, result.stdout[-3000:]
     said = result.stderr.rstrip("\x00\n ")
-    named = re.findall(r"^mcr: .* died\b.*$", said, re.M)
+    named = re.findall(r"^mcr: (?:rank \d+ \(host \S+\)|a rank on host \S+) died", said, re.M)
     if re.search(r"process rank 1 with PID \d+ on node node2 exited on\s+signal", said):
         assert said.endswith("mcr: rank 1 (host node2) died"), said[-3000:]
     else:  # prterun reported a survivor's abort first (its gloo saw the closed socket): it names no
