@@ -30,6 +30,7 @@ class RankFile:
     rank: int
     host: str
     pid: int
+    ended_well: bool  # it exited by itself after finalize(), with no uncaught exception
 
 
 def read_rank_files(directory: str) -> dict[int, RankFile]:
@@ -39,7 +40,7 @@ def read_rank_files(directory: str) -> dict[int, RankFile]:
         if re.fullmatch(r"rank-\d+\.json", name):
             with open(os.path.join(directory, name)) as f:
                 about = json.load(f)
-            found[about["rank"]] = RankFile(about["rank"], about["host"], about["pid"])
+            found[about["rank"]] = RankFile(about["rank"], about["host"], about["pid"], about.get("ended_well", False))
     return found
 
 
@@ -89,7 +90,8 @@ def dead_rank_lines(output: str, ranks: dict[int, RankFile], first_to_end: int |
         rank, host = named
         lines = [f"mcr: rank {rank} (host {ranks[rank].host if rank in ranks else host}) died"]
     else:
-        on_host = ", ".join(str(r) for r in sorted(ranks) if ranks[r].host == hydra.group(1)) or "none wrote a file"
+        there = [r for r in sorted(ranks) if ranks[r].host == hydra.group(1) and not ranks[r].ended_well]
+        on_host = ", ".join(map(str, there)) or "none wrote a file, or each ended well"
         lines = [f"mcr: a rank on host {hydra.group(1)} died (Hydra does not say which; ranks there: {on_host})"]
     return lines  # the op each rank was last in comes before them (`flight_record_lines`)
 
@@ -120,12 +122,16 @@ class FirstToEnd:
         self._thread.start()
 
     def first(self) -> int | None:
-        """The rank that ended first, once the job is over (`stop` first); None where some ranks
-        ran on other nodes (their files name another host, or are written there) or wrote none,
-        or where the first to end were seen ending together (one wake-up of a busy watcher)."""
+        """The rank that ended first, of those that did not end well (`mcr.rank_file`: a rank
+        that finished first is not the one that died), once the job is over (`stop` first); None
+        where some ranks ran on other nodes (their files name another host, or are written
+        there) or wrote none, or where the first to end were seen ending together (one wake-up
+        of a busy watcher)."""
+        files = read_rank_files(self.directory)
+        ended = [batch for batch in ([r for r in b if not files[r].ended_well] for b in self.ended) if batch]
         every_rank_here = len(self.seen) == self.nprocs and not self.elsewhere
-        alone = self.ended and len(self.ended[0]) == 1
-        return self.ended[0][0] if alone and every_rank_here else None
+        alone = ended and len(ended[0]) == 1
+        return ended[0][0] if alone and every_rank_here else None
 
     def stop(self) -> None:
         os.write(self._stop_w, b"x")

@@ -59,6 +59,7 @@ from .inflight import InFlight
 from .mpi_driver import MPIDriver
 from .ops import Average, as_average
 from .progress import ProgressThread
+from .rank_file import mark_a_clean_exit
 from .request import Request
 from .routing import OpCall, Router
 from .runner import prepare_async_issue, prepare_blocking_run
@@ -471,6 +472,8 @@ class Runtime:
         self._release_groups()
         if self.recorder is not None:
             self.recorder.finalize()  # its live file says the rank ended well
+        if self.cfg.rank_dir:
+            mark_a_clean_exit(self.cfg.rank_dir, self.rank)
 
     def abort(self) -> None:
         """torch's abort: this rank stops communicating now. Ops in flight are abandoned, not

@@ -7,7 +7,10 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from launch.dead_rank import FirstToEnd, dead_rank_lines, read_rank_files
+from tests.ranks import REPO
 
 # torchrun 2.13's summary of a real run of tests/mcr/scripts/hang.py kill (rank 1 SIGKILLed itself,
 # rank 0 then failed on the closed connection in the same second): its Root Cause is rank 0
@@ -81,3 +84,39 @@ def test_the_first_rank_to_end_is_named_and_ranks_seen_ending_together_name_none
         time.sleep(0.01)
     watch.stop()
     assert watch.ended == [[0, 1]] and watch.first() is None, watch.ended
+
+
+def test_a_rank_that_ended_well_is_passed_over_for_the_first_that_did_not(tmp_path):
+    procs = sleepers(3)
+    watch = FirstToEnd(str(tmp_path), 3)
+    write_rank_files(tmp_path, procs)
+    deadline = time.monotonic() + 120
+    while watch.seen != {0, 1, 2}:
+        assert time.monotonic() < deadline, watch.seen
+        time.sleep(0.01)
+    for rank in (0, 2, 1):  # rank 0 ends well, then rank 2 dies, then rank 1
+        if rank == 0:
+            about = json.loads((tmp_path / "rank-0.json").read_text())
+            (tmp_path / "rank-0.json").write_text(json.dumps(dict(about, ended_well=True)))
+        procs[rank].kill()
+        procs[rank].wait()
+        while sum(map(len, watch.ended)) < {0: 1, 2: 2, 1: 3}[rank]:  # seen ending before the next ends
+            assert time.monotonic() < deadline, watch.ended
+            time.sleep(0.01)
+    watch.stop()
+    assert watch.ended == [[0], [2], [1]] and watch.first() == 2, watch.ended
+
+
+@pytest.mark.parametrize(
+    "end,ended_well",
+    [("pass", True), ("raise RuntimeError('fails')", False), ("os.kill(os.getpid(), signal.SIGKILL)", False)],
+)
+def test_a_rank_file_says_ended_well_only_after_a_clean_exit(tmp_path, end, ended_well):
+    script = (
+        "import os, signal, sys\n"
+        "from mcr.rank_file import write_rank_file, mark_a_clean_exit\n"
+        f"write_rank_file({str(tmp_path)!r}, 3)\n"
+        f"mark_a_clean_exit({str(tmp_path)!r}, 3)\n" + end + "\n"
+    )
+    subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=120)
+    assert read_rank_files(str(tmp_path))[3].ended_well is ended_well

@@ -110,3 +110,39 @@ def test_a_failed_job_ends_naming_the_dead_rank_from_the_files_the_ranks_wrote(t
     assert sorted(ranks) == ["rank-0.json", "rank-1.json"], ranks  # written whole: no temporary file left
     assert [(r["rank"], r["host"]) for _, r in sorted(ranks.items())] == [(0, host), (1, host)], ranks
     assert ranks["rank-0.json"]["pid"] != ranks["rank-1.json"]["pid"] > 0, ranks
+
+
+# Both ranks finalize; rank 0 exits, and rank 1 dies once rank 0's process has ended (no MPI: an
+# MPI_Finalize waits for every rank, so under mpiexec no rank ends before its peers)
+ENDS_WELL_THEN_DIES = """
+import json, os, select, signal
+import torch
+import mcr
+
+mcr.init()
+rank = mcr.get_rank()
+t = torch.full((4,), float(rank + 1))
+mcr.all_reduce(t)
+assert t.tolist() == [3.0] * 4, t
+mcr.finalize()
+if rank == 1:
+    with open(os.path.join(os.environ["MCR_RANK_DIR"], "rank-0.json")) as f:
+        pid = json.load(f)["pid"]
+    try:
+        ended, _, _ = select.select([os.pidfd_open(pid)], [], [], 120)
+        assert ended, "rank 0 still runs after 120 s"
+    except ProcessLookupError:
+        pass  # gone already
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(under_hydra(), reason="no MPI in this job: `make test` runs it")
+def test_a_rank_that_ended_well_first_is_not_named_for_the_one_that_died(tmp_path):
+    script, rank_dir = tmp_path / "ends_well_then_dies.py", tmp_path / "ranks"
+    script.write_text(ENDS_WELL_THEN_DIES)
+    result = run_tool("launch.local", "--launcher", "torchrun", "-n", "2", script, env={"MCR_RANK_DIR": str(rank_dir)})
+    assert result.returncode != 0, result.output[-3000:]
+    assert result.errors.rstrip().endswith(f"mcr: rank 1 (host {socket.gethostname()}) died"), result.errors[-3000:]
+    ended_well = {r: json.loads((rank_dir / f"rank-{r}.json").read_text())["ended_well"] for r in (0, 1)}
+    assert ended_well == {0: True, 1: False}, ended_well
