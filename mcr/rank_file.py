@@ -29,6 +29,9 @@ def mark_a_clean_exit(directory: str, rank: int) -> None:
 
     def at_exit():
         if os.getpid() == pid and getattr(sys, "last_value", None) is None:  # set by an uncaught exception
-            write_rank_file(directory, rank, ended_well=True)
+            try:
+                write_rank_file(directory, rank, ended_well=True)
+            except OSError:  # the directory went (the launcher's side cleaned up): nobody reads it now
+                pass
 
     atexit.register(at_exit)
