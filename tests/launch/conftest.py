@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import subprocess
@@ -14,8 +15,10 @@ from launch.systems import REPO
 from tests.launch import slurm_cluster
 
 # Built once per venv (not per job): copied into each job's own TORCH_EXTENSIONS_DIR. Per venv,
-# because torch rebuilds an op whose build flags (the venv's include paths) differ from the cache's.
-OPS_CACHE = os.path.join(sys.prefix, "test-torch-extensions")
+# because torch rebuilds an op whose build flags (the venv's include paths) differ from the cache's;
+# and per path to it, which the flags spell as Python was started (a venv reached through a
+# symlink gets other flags: its jobs rebuilt a cache built through the real path).
+OPS_CACHE = os.path.join(sys.prefix, "test-torch-extensions-" + hashlib.sha1(sys.prefix.encode()).hexdigest()[:8])
 BUILD_OPS = (
     "from deepspeed.accelerator import get_accelerator; get_accelerator().create_op_builder('FusedAdamBuilder').load()"
 )
