@@ -283,6 +283,8 @@ def test_a_rank_killed_under_srun_is_named_with_the_host_from_its_rank_file(slur
     assert wait("slurm", [job_id], DEADLINE_S)[job_id] == "FAILED"  # srun --kill-on-bad-exit ended the job
     text = read(os.path.join(job.job_dir, f"job-{job_id}.out"))
     assert "task 1: Killed" in text, text[-3000:]  # srun's own words
+    # the survivor's op: srun's SIGTERM comes first, and rank 0 names the op it was waiting in
+    assert re.search(r"rank 0 was ended by SIGTERM .* in all_reduce on backend mpi", text), text[-3000:]
     rank_file = json.loads(read(os.path.join(job.job_dir, f"hang-{job_id}", "ranks", "rank-1.json")))
     # the job script's last word: launch.dead_rank, from srun's line and the rank file
     assert text.rstrip().endswith(f"mcr: rank 1 (host {rank_file['host']}) died"), text[-3000:]
