@@ -38,9 +38,16 @@ def decoded(t: torch.Tensor) -> str:
     return bytes(t.tolist()).rstrip(b"\0").decode()
 
 
+def say(*words: str) -> None:
+    """One line in one write: the ranks share the job's output, and under PYTHONUNBUFFERED (the
+    tests set it, as many job scripts do) print() writes each word apart, so a peer's line landed
+    inside this one (rank 2's "probe-env" line cut after "gpu" by rank 3's, seen once under load)."""
+    os.write(1, (" ".join(words) + "\n").encode())
+
+
 overrides = dict(arg.split("=", 1) for arg in sys.argv[1:])
 info = discover()
-print(f"probe-env: rank {info.rank} gpu", *(f"{key}={os.environ.get(key, '')}" for key in GPU_VARIABLES), flush=True)
+say(f"probe-env: rank {info.rank} gpu", *(f"{key}={os.environ.get(key, '')}" for key in GPU_VARIABLES))
 rt = mcr.init(backends=overrides.get("backends", "gloo"))
 n = mcr.get_world_size()
 mine = torch.tensor([info.rank, info.local_rank, info.local_world_size, n], dtype=torch.int64)
@@ -51,15 +58,11 @@ where = torch.cat([encoded(socket.gethostname()), encoded(f"{store.host}:{store.
 places = [torch.zeros(2 * WIDTH, dtype=torch.uint8) for _ in range(n)]
 mcr.all_gather(places, where)
 if info.rank == 0:
-    print(f"probe: launcher {info.launcher}; master {info.master_addr}:{info.master_port}", flush=True)
-    print(f"probe: backends {', '.join(rt.backends)}", flush=True)
+    say(f"probe: launcher {info.launcher}; master {info.master_addr}:{info.master_port}")
+    say(f"probe: backends {', '.join(rt.backends)}")
     for row, place in zip(everyone, places):
         host, rendezvous = decoded(place[:WIDTH]), decoded(place[WIDTH:])
-        print(
-            "probe: rank {} local {} of {} world {}".format(*row.tolist()),
-            f"host {host} rendezvous {rendezvous}",
-            flush=True,
-        )
-    print(f"probe: threads {threads_per_rank(info.local_world_size)} (the trainers' rule)", flush=True)
-    print(f"probe: mpi_yield_when_idle {os.environ.get('OMPI_MCA_mpi_yield_when_idle')}", flush=True)
+        say("probe: rank {} local {} of {} world {}".format(*row.tolist()), f"host {host} rendezvous {rendezvous}")
+    say(f"probe: threads {threads_per_rank(info.local_world_size)} (the trainers' rule)")
+    say(f"probe: mpi_yield_when_idle {os.environ.get('OMPI_MCA_mpi_yield_when_idle')}")
 mcr.finalize()

@@ -49,8 +49,8 @@ def test_bench_hooks_prints_each_path_the_issue_cost_and_torchs_own_floor():
         assert backend == "mpi" and float(issued) > 0 and float(blocking) > 0, size
         assert _is_ratio(ratio, float(issued), float(blocking)), (size, issued, blocking, ratio)
         assert _is_ratio(lib_ratio, float(lib_issued), float(lib_blocking)), (size, lib_issued, lib_blocking)
-        for printed in (nothing_ratio, bound):
-            assert re.fullmatch(r"\d+\.\d\d", printed) and float(printed) > 0, (size, printed)
+        for printed in (nothing_ratio, bound):  # may print 0.00: a blocking op 200x its issue (CI under load)
+            assert re.fullmatch(r"\d+\.\d\d", printed), (size, printed)
         # a sum's ratio lies between its parts' ratios (times unprinted: only that can be checked)
         low, high = sorted((float(lib_ratio), float(nothing_ratio)))
         assert low - 0.01 <= float(bound) <= high + 0.01, (size, lib_ratio, nothing_ratio, bound)
