@@ -51,9 +51,12 @@ HYDRA_OVERSUBSCRIBED = {"MPIR_CVAR_ENABLE_HEAVY_YIELD": "1"}
 
 
 def mpiexec_command(nprocs: int, target: list[str], extra: str = "") -> list[str]:
+    """The mpiexec line for `nprocs` ranks of `target`; for Open MPI's, first clears the session
+    directories its dead launchers left (`remove_stale_session_dirs`)."""
     mpiexec = find_mpiexec()
     cmd = [mpiexec, "-n", str(nprocs)]
     if mpiexec_family(mpiexec) == "open-mpi":  # Hydra (MPICH, MVAPICH, Intel MPI) refuses these, and needs none
+        remove_stale_session_dirs()
         cmd += ["--oversubscribe", "--bind-to", "none"]
         if os.geteuid() == 0:
             cmd.append("--allow-run-as-root")
@@ -62,6 +65,29 @@ def mpiexec_command(nprocs: int, target: list[str], extra: str = "") -> list[str
             if name not in os.environ:  # the user's own setting reaches the ranks as it is
                 cmd += ["-genv", name, value]
     return cmd + shlex.split(extra) + [os.environ.get("PYTHON_EXEC") or sys.executable] + target
+
+
+def remove_stale_session_dirs() -> list[str]:
+    """Open MPI 5's launcher keeps its session in <tmp>/ompi.<its PID> (tmp: $TMPDIR, else /tmp)
+    and leaves it when it is SIGKILLed; a later launcher given the same PID (PIDs wrap) fails at
+    once: "The PMIx server's listener thread failed to start" (seen in a test suite beside load;
+    made again at will by a copy of such a directory under the PID a namespace gives). Removes
+    this user's whose process is gone; returns their paths."""
+    base = os.environ.get("TMPDIR") or os.environ.get("TEMP") or os.environ.get("TMP") or "/tmp"
+    removed = []
+    for name in os.listdir(base) if os.path.isdir(base) else []:
+        path = os.path.join(base, name)
+        if not re.fullmatch(r"ompi\.\d+", name) or os.lstat(path).st_uid != os.geteuid():
+            continue
+        try:
+            os.kill(int(name[5:]), 0)
+            continue  # its launcher runs (or another process has its PID: none can take it meanwhile)
+        except ProcessLookupError:
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
+        except PermissionError:  # another user's process has the PID
+            continue
+    return removed
 
 
 @functools.cache

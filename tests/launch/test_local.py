@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -146,3 +147,48 @@ def test_a_rank_that_ended_well_first_is_not_named_for_the_one_that_died(tmp_pat
     assert result.errors.rstrip().endswith(f"mcr: rank 1 (host {socket.gethostname()}) died"), result.errors[-3000:]
     ended_well = {r: json.loads((rank_dir / f"rank-{r}.json").read_text())["ended_well"] for r in (0, 1)}
     assert ended_well == {0: True, 1: False}, ended_well
+
+
+# Run as PID 1 of a new PID namespace, so the launcher gets the same PID each time: "leave" starts
+# an Open MPI job and SIGKILLs its launcher mid-run (its session directory stays); "launch" starts
+# one that prints a line. Both print the launcher's PID.
+LEAVE_OR_LAUNCH = """
+import os, signal, subprocess, sys, time
+from launch.local import mpiexec_command
+
+mode, ready = sys.argv[1], sys.argv[2]
+wait = f"import pathlib, time; pathlib.Path({ready!r}).touch(); time.sleep(600)"
+cmd = mpiexec_command(1, ["-c", wait if mode == "leave" else "print('the rank ran')"])
+proc = subprocess.Popen(cmd)
+print("launcher pid", proc.pid, flush=True)
+if mode == "leave":
+    deadline = time.monotonic() + 120
+    while not os.path.exists(ready) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert os.path.exists(ready), "the rank never started"
+    proc.kill()  # SIGKILL: as a scheduler's time limit or the OOM killer ends it
+proc.wait()
+print("launcher exit", proc.returncode, flush=True)
+"""
+
+
+@pytest.mark.skipif(under_hydra(), reason="Open MPI's launcher leaves <tmp>/ompi.<pid>; Hydra keeps no such directory")
+@pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("unshare") is None, reason="a PID namespace needs root and unshare"
+)
+def test_a_session_directory_a_killed_launcher_left_does_not_fail_the_next_under_its_pid(tmp_path):
+    script, tmp = tmp_path / "leave_or_launch.py", tmp_path / "tmp"
+    script.write_text(LEAVE_OR_LAUNCH)
+    tmp.mkdir()
+    env = rank_env({"TMPDIR": str(tmp)})
+
+    def in_new_pid_namespace(mode):
+        cmd = ["unshare", "--fork", "--pid", "--mount-proc", sys.executable, str(script), mode, str(tmp_path / "ready")]
+        out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        return out.stdout + out.stderr, re.search(r"launcher pid (\d+)", out.stdout)
+
+    out, left = in_new_pid_namespace("leave")
+    assert left and os.listdir(tmp) == [f"ompi.{left[1]}"], out  # what a SIGKILLed launcher leaves
+    out, launched = in_new_pid_namespace("launch")
+    assert launched and launched[1] == left[1], out  # the next launcher got the same PID
+    assert "the rank ran" in out and "launcher exit 0" in out, out  # not "listener thread failed to start"
