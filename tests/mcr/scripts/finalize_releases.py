@@ -11,6 +11,7 @@ thread that needs the GIL aborts the process).
 import atexit
 import os
 import sys
+import time
 
 import torch
 
@@ -22,14 +23,28 @@ GLOO_THREADS = ("pt_gloo_runloop", "gloo_tcp_loop")  # gloo's worker and transpo
 def gloo_threads():
     names = []
     for task in os.listdir("/proc/self/task"):
-        with open(f"/proc/self/task/{task}/comm") as f:
-            names.append(f.read().strip())
+        try:
+            with open(f"/proc/self/task/{task}/comm") as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # it ended while we looked
+            pass
     return [name for name in names if name in GLOO_THREADS]
+
+
+def gloo_threads_once_ended(within_s=60.0):
+    """The gloo threads still listed once those that were joined have left /proc: a join returns
+    when the thread clears its id, a moment before the kernel drops its entry, and a loaded
+    machine stretched that moment once ('gloo_tcp_loop' listed right after finalize). A thread
+    the runtime never ended is still there after `within_s`."""
+    deadline = time.monotonic() + within_s
+    while (left := gloo_threads()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return left
 
 
 def released_at_exit():
     """Registered before mcr.init, so it runs after the runtime's own exit handler."""
-    left = gloo_threads()
+    left = gloo_threads_once_ended()
     if left:
         print(f"rank {rank}: gloo threads left at exit without finalize: {left}", flush=True)
     else:
@@ -71,6 +86,6 @@ if via == "torch":
     dist.destroy_process_group()
 else:
     mcr.finalize()
-left = gloo_threads()
+left = gloo_threads_once_ended()
 assert not left, f"rank {rank}: gloo threads left after finalize: {left} (runtime still held: {runtime is not None})"
 print(f"rank {rank}: finalize released every gloo group via {via}", flush=True)
