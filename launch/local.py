@@ -80,13 +80,12 @@ def remove_stale_session_dirs() -> list[str]:
         if not re.fullmatch(r"ompi\.\d+", name) or os.lstat(path).st_uid != os.geteuid():
             continue
         try:
-            os.kill(int(name[5:]), 0)
-            continue  # its launcher runs (or another process has its PID: none can take it meanwhile)
+            os.kill(int(name[5:]), 0)  # its launcher runs (or another process has its PID: none can take it meanwhile)
         except ProcessLookupError:
             shutil.rmtree(path, ignore_errors=True)
             removed.append(path)
         except PermissionError:  # another user's process has the PID
-            continue
+            pass
     return removed
 
 

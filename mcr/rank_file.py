@@ -21,10 +21,16 @@ def write_rank_file(directory: str, rank: int, ended_well: bool = False) -> None
     write_atomic(os.path.join(directory, f"rank-{rank}.json"), json.dumps(about) + "\n")
 
 
+_MARKED: set = set()  # (directory, rank) already marked at exit
+
+
 def mark_a_clean_exit(directory: str, rank: int) -> None:
     """After finalize(): when this process exits by itself with no uncaught exception, its file
     says `ended_well`, so a rank that finished first is not taken for the one that died (a rank
-    SIGKILLed never runs this)."""
+    SIGKILLed never runs this). Once per rank file, however often the runtime starts again."""
+    if (directory, rank) in _MARKED:
+        return
+    _MARKED.add((directory, rank))
     pid = os.getpid()
 
     def at_exit():
