@@ -189,6 +189,8 @@ def test_a_session_directory_a_killed_launcher_left_does_not_fail_the_next_under
 
     out, left = in_new_pid_namespace("leave")
     assert left and os.listdir(tmp) == [f"ompi.{left[1]}"], out  # what a SIGKILLed launcher leaves
+    (tmp / "ompi.1").mkdir()  # PID 1 there is the script itself, alive: its directory stays
     out, launched = in_new_pid_namespace("launch")
+    assert sorted(os.listdir(tmp)) == ["ompi.1"], out  # the dead launcher's gone, the live one's kept
     assert launched and launched[1] == left[1], out  # the next launcher got the same PID
     assert "the rank ran" in out and "launcher exit 0" in out, out  # not "listener thread failed to start"
