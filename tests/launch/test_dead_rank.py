@@ -1,6 +1,7 @@
 """launch.dead_rank: which rank died, from the ranks' processes (FirstToEnd) and the launcher's words."""
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -120,3 +121,15 @@ def test_a_rank_file_says_ended_well_only_after_a_clean_exit(tmp_path, end, ende
     )
     subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, timeout=120)
     assert read_rank_files(str(tmp_path))[3].ended_well is ended_well
+
+
+@pytest.mark.parametrize("end,ended_well", [("mcr.finalize()", True), ("pass", False)])
+def test_a_rank_is_marked_ended_well_by_the_runtimes_finalize_not_by_its_start(tmp_path, end, ended_well):
+    # a rank that leaves without finalize() may leave its peers waiting: it is not passed over
+    script = f"import mcr\nmcr.init(backends='gloo')\n{end}\n"
+    env = dict(os.environ, MCR_RANK_DIR=str(tmp_path))
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert read_rank_files(str(tmp_path))[0].ended_well is ended_well
