@@ -4,10 +4,11 @@ Each rank writes rank-<R>.json ({"rank", "host", "pid"}: `mcr/rank_file.py`) int
 directory (MCR_RANK_DIR) at start-up. When the launcher fails, this names the rank that died:
 - `launch.local` watches the ranks' processes (`FirstToEnd`) and names the one that ended first,
   once the launcher has reported a death (where every rank ran on its node; else as below);
-- in a job script, Open MPI's prterun, srun and torchrun name it themselves (rank, task, "Root
-  Cause"); Hydra (MPICH, Intel MPI) says "BAD TERMINATION" with a PID and host that are not the
-  dead rank's (MPICH 5 gives the node's first rank's PID; Intel MPI lists every rank it killed,
-  in rank order), so there only the host is named.
+- in a job script, Open MPI's prterun, srun, Cray PALS' mpiexec and torchrun name it themselves
+  (rank, task, "Root Cause"); Hydra (MPICH, Intel MPI) says "BAD TERMINATION" with a PID and host
+  that are not the dead rank's (MPICH 5 gives the node's first rank's PID; Intel MPI lists every
+  rank it killed, in rank order), so there only the host is named; jsrun's words are not known
+  here (no public record of them was found), so under it the flight records speak alone.
 
     python -m launch.dead_rank RANK_DIR LOGFILE --flight-dir DIR   # what the job scripts run after a failed launcher
 """
@@ -51,6 +52,9 @@ NAMED = [
     re.compile(r"process rank (?P<rank>\d+) with PID \d+ on node (?P<host>\S+) exited on\s+signal"),
     # srun: "srun: error: vm: task 1: Killed" (or "tasks 0-1: ...": the first of them)
     re.compile(r"srun: error: (?P<host>\S+): tasks? (?P<rank>\d+)[-,\d]*: (?!Terminated)"),
+    # Cray PALS' mpiexec (Polaris, Aurora, Derecho): "x3004c0s7b0n0.hsn.cm.polaris.alcf.anl.gov: rank 3
+    # died from signal 9"; those it then ends say signal 15 (pmodels/mpich#7569 and #7605)
+    re.compile(r"(?m)^(?P<host>\S+): rank (?P<rank>\d+) died from signal (?!15\b)"),
     # torchrun's error summary: "Root Cause (first observed failure):" then time, host, rank
     re.compile(r"Root Cause \(first observed failure\):\s*\[\d+\]:\s*time\s*: .*\n\s*host\s*: (?P<host>\S+)"
                r"\s*rank\s*: (?P<rank>\d+)"),

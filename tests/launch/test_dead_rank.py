@@ -133,3 +133,24 @@ def test_a_rank_is_marked_ended_well_by_the_runtimes_finalize_not_by_its_start(t
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert read_rank_files(str(tmp_path))[0].ended_well is ended_well
+
+
+# Cray PALS' mpiexec as public reports quote it (pmodels/mpich#7569, #7605; ufs-weather-model#3186):
+# the rank that died first, then those PALS ended (signal 15) and those that failed of it (a code)
+PALS_OUTPUT = """\
+x3004c0s7b0n0.hsn.cm.polaris.alcf.anl.gov: rank 0 exited with code 1
+x3004c0s13b1n0.hsn.cm.polaris.alcf.anl.gov: rank 5 died from signal 9
+x3004c0s7b0n0.hsn.cm.polaris.alcf.anl.gov: rank 2 died from signal 15
+"""
+
+
+def test_cray_pals_line_names_the_rank_a_signal_other_than_its_own_sigterm_ended(tmp_path):
+    procs = sleepers(6)
+    write_rank_files(tmp_path, procs)
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+    ranks = read_rank_files(str(tmp_path))
+    assert dead_rank_lines(PALS_OUTPUT, ranks) == [f"mcr: rank 5 (host {socket.gethostname()}) died"]
+    ended_by_pals = "\n".join(line for line in PALS_OUTPUT.splitlines() if "signal 9" not in line)
+    assert dead_rank_lines(ended_by_pals, ranks) == []  # its own SIGTERMs and exit codes name no death
