@@ -36,13 +36,15 @@ RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.
 
 
 # Open MPI's mpiexec puts its own library directory (the venv's, from the PyPI wheel) on the ranks'
-# LD_LIBRARY_PATH; what is loaded from there is found without it (mpi4py's libmpi by its rpath)
-LAUNCHER_LIB = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(sys.executable))), "lib")
+# LD_LIBRARY_PATH; what is loaded from there is found without it (mpi4py's libmpi by its rpath).
+# Compared resolved: mpiexec names it by its real path where .venv is a symlink (a shared venv)
+LAUNCHER_LIB = os.path.realpath(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(sys.executable))), "lib"))
 
 
 def startup_vars(env: dict) -> dict:
     found = {k: v for k, v in env.items() if k.startswith(STARTUP_PREFIXES) and k not in PER_RUN}
-    library_path = [p for p in found.pop("LD_LIBRARY_PATH", "").split(os.pathsep) if p and p != LAUNCHER_LIB]
+    paths = found.pop("LD_LIBRARY_PATH", "").split(os.pathsep)
+    library_path = [p for p in paths if p and os.path.realpath(p) != LAUNCHER_LIB]
     if library_path:
         found["LD_LIBRARY_PATH"] = os.pathsep.join(library_path)
     return found
