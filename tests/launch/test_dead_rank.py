@@ -43,13 +43,18 @@ def sleepers(n):
     return [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"]) for _ in range(n)]
 
 
-def test_torchruns_summary_names_the_rank_a_signal_ended_not_its_root_cause(tmp_path):
-    procs = sleepers(2)
-    write_rank_files(tmp_path, procs)
+def files_of_dead_ranks(directory, n):
+    """The rank files of `n` processes that have all ended (killed)."""
+    procs = sleepers(n)
+    write_rank_files(directory, procs)
     for proc in procs:
         proc.kill()
         proc.wait()
-    assert dead_rank_lines(TORCHRUN_SUMMARY, read_rank_files(str(tmp_path))) == [
+    return read_rank_files(str(directory))
+
+
+def test_torchruns_summary_names_the_rank_a_signal_ended_not_its_root_cause(tmp_path):
+    assert dead_rank_lines(TORCHRUN_SUMMARY, files_of_dead_ranks(tmp_path, 2)) == [
         f"mcr: rank 1 (host {socket.gethostname()}) died"
     ]
 
@@ -145,12 +150,7 @@ x3004c0s7b0n0.hsn.cm.polaris.alcf.anl.gov: rank 2 died from signal 15
 
 
 def test_cray_pals_line_names_the_rank_a_signal_other_than_its_own_sigterm_ended(tmp_path):
-    procs = sleepers(6)
-    write_rank_files(tmp_path, procs)
-    for proc in procs:
-        proc.kill()
-        proc.wait()
-    ranks = read_rank_files(str(tmp_path))
+    ranks = files_of_dead_ranks(tmp_path, 6)
     assert dead_rank_lines(PALS_OUTPUT, ranks) == [f"mcr: rank 5 (host {socket.gethostname()}) died"]
     ended_by_pals = "\n".join(line for line in PALS_OUTPUT.splitlines() if "signal 9" not in line)
     assert dead_rank_lines(ended_by_pals, ranks) == []  # its own SIGTERMs and exit codes name no death
