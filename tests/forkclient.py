@@ -38,7 +38,7 @@ RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.
 # Open MPI's mpiexec puts its own library directory (the venv's, from the PyPI wheel) on the ranks'
 # LD_LIBRARY_PATH; what is loaded from there is found without it (mpi4py's libmpi by its rpath).
 # Compared resolved: mpiexec names it by its real path where .venv is a symlink (a shared venv)
-LAUNCHER_LIB = os.path.realpath(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(sys.executable))), "lib"))
+LAUNCHER_LIB = os.path.realpath(os.path.join(os.path.dirname(os.path.dirname(sys.executable)), "lib"))
 
 
 def startup_vars(env: dict) -> dict:
